@@ -1,0 +1,147 @@
+"""MXFP8: e4m3 values with one E8M0 power-of-two code per 32 values (SPEC §3).
+
+``code = clamp(ceil(log2(amax / 448)) + 127, 0, 254)``, ``scale = 2^(code - 127)``,
+``value = e4m3(clamp(x / scale, -448, 448))``; a block whose amax is 0 gets code 0
+and zeros. The code is computed from the bits of amax, not from a float log2,
+so it is exact at every power-of-two boundary: with ``amax = 1.m * 2^(e - 127)``
+and ``448 = 1.75 * 2^8``, ``code = e - 8 + (1.m > 1.75)``. The torch functions
+here are the reference; the ``@triton.jit`` helpers at the bottom are the same
+cast for kernels, shared by both backends.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MX_BLOCK = 32  # values sharing one E8M0 code
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+E8M0_BIAS = 127
+E8M0_MAX_CODE = 254  # 255 is E8M0's NaN
+E4M3 = torch.float8_e4m3fn
+_F32_MANT_BITS = 23
+_MANT_1_75 = 0x600000  # mantissa bits of 1.75 (448 = 1.75 * 2^8)
+
+
+def e8m0_code(amax: torch.Tensor) -> torch.Tensor:
+    """``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` as uint8, exactly; amax 0 -> 0."""
+    bits = amax.float().abs().contiguous().view(torch.int32)
+    exp = (bits >> _F32_MANT_BITS) & 0xFF
+    mant = bits & ((1 << _F32_MANT_BITS) - 1)
+    code = exp - 8 + (mant > _MANT_1_75).int()
+    code = torch.where(exp == 0xFF, E8M0_MAX_CODE, code)  # inf / nan saturate
+    return code.clamp(0, E8M0_MAX_CODE).to(torch.uint8)
+
+
+def pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """``2^exponent`` in fp32, exact for integer exponents in [-149, 127]."""
+    return torch.ldexp(torch.ones(exponent.shape, dtype=torch.float32, device=exponent.device), exponent.int())
+
+
+def e8m0_scale(codes: torch.Tensor) -> torch.Tensor:
+    """``2^(code - 127)`` in fp32."""
+    return pow2(codes.int() - E8M0_BIAS)
+
+
+def e4m3_saturate(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> e4m3 with round-to-nearest-even and saturation at +-448."""
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
+def mxfp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., K]`` -> ``(values e4m3 [..., K], codes uint8 [..., K/32])`` along the last dim."""
+    k = x.shape[-1]
+    if k % MX_BLOCK:
+        raise ValueError(f"x: expected a last dim that is a multiple of {MX_BLOCK}, got {k}")
+    blocks = x.float().reshape(*x.shape[:-1], k // MX_BLOCK, MX_BLOCK)
+    codes = e8m0_code(blocks.abs().amax(dim=-1))
+    inv_scale = pow2(E8M0_BIAS - codes.int())
+    values = e4m3_saturate(blocks * inv_scale.unsqueeze(-1))
+    return values.reshape(x.shape), codes
+
+
+def mxfp8_dequantize(values: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """``values [..., K] * 2^(codes - 127)`` broadcast over each 32 values, fp32."""
+    k = values.shape[-1]
+    if codes.shape != (*values.shape[:-1], k // MX_BLOCK):
+        raise ValueError(
+            f"codes: expected shape {(*values.shape[:-1], k // MX_BLOCK)} for values "
+            f"{tuple(values.shape)}, got {tuple(codes.shape)}"
+        )
+    scale = e8m0_scale(codes).repeat_interleave(MX_BLOCK, dim=-1)
+    return values.float() * scale
+
+
+def mxfp8_round(x: torch.Tensor) -> torch.Tensor:
+    """The value an MXFP8 round trip gives, fp32: ``dequantize(quantize(x))``."""
+    return mxfp8_dequantize(*mxfp8_quantize(x))
+
+
+def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint format: ``w [N, K]`` -> ``(e4m3 [N, K], codes uint8 [N/32, K/32])``, one code a 32x32 block."""
+    n, k = w.shape
+    if n % MX_BLOCK or k % MX_BLOCK:
+        raise ValueError(f"w: expected both dims multiples of {MX_BLOCK}, got {tuple(w.shape)}")
+    blocks = w.float().reshape(n // MX_BLOCK, MX_BLOCK, k // MX_BLOCK, MX_BLOCK)
+    codes = e8m0_code(blocks.abs().amax(dim=(1, 3)))
+    inv_scale = pow2(E8M0_BIAS - codes.int())
+    values = e4m3_saturate(blocks * inv_scale[:, None, :, None])
+    return values.reshape(n, k), codes
+
+
+def block_to_row_scales(block_codes: torch.Tensor) -> torch.Tensor:
+    """``[N/32, K/32]`` 32x32-block codes -> ``[N, K/32]`` per-row codes (each repeated on its 32 rows)."""
+    return block_codes.repeat_interleave(MX_BLOCK, dim=0)
+
+
+def dequantize_weight(values: torch.Tensor, row_codes: torch.Tensor) -> torch.Tensor:
+    """A loaded weight ``e4m3 [N, K]`` with per-row codes ``[N, K/32]`` -> fp32 [N, K]."""
+    return mxfp8_dequantize(values, row_codes)
+
+
+# ----------------------------------------------------------------------------
+# The same cast inside kernels. Triton 3.6 and 3.9 both compile these.
+
+
+@triton.jit
+def e8m0_code_tl(amax):
+    """E8M0 code of fp32 ``amax`` (>= 0) from its bits, int32 in [0, 254]."""
+    bits = amax.to(tl.int32, bitcast=True)
+    exp = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    code = exp - 8 + (mant > 0x600000).to(tl.int32)
+    code = tl.where(exp == 0xFF, 254, code)
+    return tl.minimum(tl.maximum(code, 0), 254)
+
+
+@triton.jit
+def e8m0_scale_tl(code):
+    """``2^(code - 127)`` as fp32 from an int32 code in [0, 254] (code 0 is the subnormal 2^-127)."""
+    bits = tl.where(code > 0, code << 23, 0x400000)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e8m0_inv_scale_tl(code):
+    """``2^(127 - code)`` as fp32 from an int32 code in [0, 254]."""
+    bits = tl.where(code < 254, (254 - code) << 23, 0x400000)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mx_quantize_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """fp32 ``x [ROWS, COLS]`` -> (e4m3 values [ROWS, COLS], int32 codes [ROWS, COLS // 32])."""
+    blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
+    code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
+    scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
+    scaled = tl.minimum(tl.maximum(scaled, -448.0), 448.0)
+    values = tl.reshape(scaled, (ROWS, COLS)).to(tl.float8e4nv)
+    return values, code
+
+
+@triton.jit
+def mx_dequantize_tl(values, code, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """e4m3 ``values [ROWS, COLS]`` and int32 ``code [ROWS, COLS // 32]`` -> fp32 [ROWS, COLS]."""
+    blocks = tl.reshape(values.to(tl.float32), (ROWS, COLS // 32, 32))
+    return tl.reshape(blocks * e8m0_scale_tl(code)[:, :, None], (ROWS, COLS))
