@@ -1,18 +1,27 @@
-"""The ``dsv41`` command: plan, reference, checkpoint.
+"""The ``dsv41`` command: parity, bench, plan, reference, checkpoint.
 
+``dsv41 parity`` (the main job) runs the same weights and inputs through every
+backend this machine has plus the reference and compares them seam by seam;
 ``dsv41 plan`` prints a rank's geometry and task counts; ``dsv41 reference``
-runs one reference step on random MXFP8 weights and prints each seam;
-``dsv41 checkpoint synth|inspect`` writes and validates checkpoints.
+runs one reference step and prints each seam; ``dsv41 checkpoint synth|inspect``
+writes and validates checkpoints.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 import torch
 
-from dsv41.config import ConfigError
+if not torch.cuda.is_available():
+    # Kernels run in the Triton interpreter here; it must be chosen before triton decorates them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from dsv41.config import ConfigError  # noqa: E402
+from dsv41.parity import DEFAULT_CODE_AGREEMENT, DEFAULT_REL_TOL  # noqa: E402
 
 
 def _geometry(args) -> "Dims":  # noqa: F821
@@ -65,6 +74,69 @@ def cmd_reference(args) -> int:
     return 0
 
 
+def _available_backends(tp: int, tokens: int, requested: str | None) -> list[str]:
+    """Kernel backends this machine can run for (tp, tokens); on CPU through the Triton interpreter."""
+    from dsv41.layer import MONO_MAX_TOKENS, MONO_TP
+
+    names = ["nvidia"]
+    if tp in MONO_TP and tokens <= MONO_MAX_TOKENS:
+        names.append("mono")
+    if requested:
+        wanted = [n.strip() for n in requested.split(",") if n.strip()]
+        for n in wanted:
+            if n not in ("nvidia", "mono"):
+                raise ValueError(f"--backends: expected names from nvidia, mono, got {n!r}")
+            if n not in names:
+                raise ValueError(f"--backends: {n} cannot run at tp {tp} with {tokens} tokens")
+        names = wanted
+    return names
+
+
+def cmd_parity(args) -> int:
+    from dsv41.common.scenario import make_scenario
+    from dsv41.common.weights import LayerWeights
+    from dsv41.layer import _step_function
+    from dsv41.parity import format_table, run_parity
+
+    if args.deploy:
+        from dsv41.config import load_deploy_config
+
+        deploy = load_deploy_config(args.deploy)
+        args.config, args.tp, args.record_format = deploy.model, deploy.tp, deploy.record_format
+    dims = _geometry(args)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    layer = LayerWeights(dims, args.rank, args.layer, device=device)
+    if args.checkpoint:
+        from dsv41.common.checkpoint import load_layer
+
+        load_layer(args.checkpoint, layer)
+        source = f"checkpoint {args.checkpoint}"
+    else:
+        layer.dummy_load(args.seed)
+        source = f"synthetic weights (seed {args.seed})"
+    sc = make_scenario(dims, args.layer, args.tokens, fmt=args.record_format, seed=args.seed, device=device)
+    names = ["reference"] + _available_backends(dims.tp, args.tokens, args.backends)
+    backends = {n: _step_function(n) for n in names}
+    where = device if device == "cuda" else "cpu, Triton interpreter"
+    print(f"parity: {dims.model.name}, tp {dims.tp} rank {args.rank}, layer {args.layer}, "
+          f"{args.tokens} tokens, {args.record_format}, {source}, on {where}")
+    comparisons = run_parity(layer, sc, backends, rel_tol=args.rel_tol, code_agreement=args.code_agreement)
+    print(format_table(comparisons))
+    failed = sorted({c.seam for c in comparisons if not c.ok})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": dims.model.name, "tp": dims.tp, "tokens": args.tokens,
+                       "record_format": args.record_format, "rel_tol": args.rel_tol,
+                       "code_agreement": args.code_agreement,
+                       "comparisons": [c.as_dict() for c in comparisons]}, f, indent=1)
+    if failed:
+        print(f"parity FAILED on seams: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print(f"parity ok: {len(comparisons)} comparisons within rel L2 <= {args.rel_tol:g}, "
+          f"codes >= {100 * args.code_agreement:g}%")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dsv41", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -73,6 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", default="tiny", help="model config name or YAML path (default tiny)")
         sp.add_argument("--tp", type=int, default=1, help="tensor-parallel size: 1, 2, 4 or 8")
         sp.add_argument("--tokens", type=int, default=1, help="tokens in the step (M)")
+
+    sp = sub.add_parser("parity", help="compare every available backend with the reference, seam by seam")
+    geometry_args(sp)
+    sp.add_argument("--rank", type=int, default=0)
+    sp.add_argument("--layer", type=int, default=1, help="layer id (decides RoPE and top-k)")
+    sp.add_argument("--record-format", default="fp8_ds_mla", choices=["fp8_ds_mla", "fp8_mx"])
+    sp.add_argument("--deploy", help="deployment config (configs/deploy/NAME.yaml): sets config, tp, record format")
+    sp.add_argument("--checkpoint", help="checkpoint directory (default: synthetic weights)")
+    sp.add_argument("--backends", help="comma-separated kernel backends to compare (default: all available)")
+    sp.add_argument("--rel-tol", type=float, default=DEFAULT_REL_TOL, help="max relative L2 error a seam")
+    sp.add_argument("--code-agreement", type=float, default=DEFAULT_CODE_AGREEMENT,
+                    help="min fraction of equal E8M0 codes in MX seams")
+    sp.add_argument("--json", help="write the comparisons to this JSON file")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_parity, tp=2, tokens=4)
 
     sp = sub.add_parser("plan", help="print a rank's geometry and task counts")
     geometry_args(sp)

@@ -195,3 +195,46 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
         return parse_model_config(raw)
     except ConfigError as e:
         raise ConfigError(f"{path.name}: {e}") from None
+
+
+BACKENDS = ("auto", "nvidia", "mono", "reference")
+RECORD_FORMAT_NAMES = ("fp8_ds_mla", "fp8_mx")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeployConfig:
+    """A deployment users run: which model, tp share, backend and KV record format."""
+
+    name: str
+    model: str
+    tp: int
+    backend: str
+    record_format: str
+    max_tokens: int
+
+
+def load_deploy_config(name_or_path: str | Path) -> DeployConfig:
+    """Load ``configs/deploy/<name>.yaml`` (gb200-tp4, h200-tp4, mi355-tp4, mi355-tp2) or a path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONFIG_DIR / "deploy" / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONFIG_DIR / "deploy").glob("*.yaml"))
+        raise ConfigError(f"deploy config {name_or_path!r}: no file {path}; known names: {known}")
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    where = f"{path.name}: "
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}expected a mapping, got {type(raw).__name__}")
+    choices = {"backend": BACKENDS, "record_format": RECORD_FORMAT_NAMES}
+    for key, allowed in choices.items():
+        if raw.get(key) not in allowed:
+            raise ConfigError(f"{where}{key}: expected one of {allowed}, got {raw.get(key)!r}")
+    return DeployConfig(
+        name=str(raw.get("name", path.stem)),
+        model=_field(raw, "model", str, where),
+        tp=_positive(raw, "tp", where),
+        backend=raw["backend"],
+        record_format=raw["record_format"],
+        max_tokens=_positive(raw, "max_tokens", where),
+    )

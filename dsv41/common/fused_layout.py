@@ -127,3 +127,11 @@ def _default_weight_loader(param: torch.nn.Parameter, loaded: torch.Tensor) -> N
     if param.shape != loaded.shape:
         raise ValueError(f"expected shape {tuple(param.shape)}, got {tuple(loaded.shape)}")
     param.data.copy_(loaded)
+
+
+def permute_o_codes_from_fused(codes: torch.Tensor, num_heads: int, heads_per_group: int) -> torch.Tensor:
+    """MX codes of a fused-O tensor ``[..., H * D / 32]`` -> standard ``[..., H, D / 32]`` (one per 32-chunk)."""
+    chunks = codes.shape[-1] // num_heads
+    inv = inverse_permutation(o_fused_chunk_permutation(heads_per_group, chunks * O_CHUNK))
+    groups = codes.reshape(*codes.shape[:-1], num_heads // heads_per_group, heads_per_group * chunks)
+    return permute(groups, inv, -1).reshape(*codes.shape[:-1], num_heads, chunks)

@@ -1,0 +1,135 @@
+"""Cross-backend parity: the same weights and inputs through every backend, seam by seam.
+
+Each backend's seams are brought to the reference's standard layout first
+(``q`` un-fused and RoPE'd, ``xo`` values and codes un-fused, ``z`` flat), then
+every pair is compared on each seam (x8, qkv, q, xo, z, y): max abs error,
+relative L2 error, cosine, and for MXFP8 seams the fraction of E8M0 codes that
+agree. A pair fails when a seam's relative error is over ``rel_tol`` or its code
+agreement is under ``code_agreement``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable
+
+import torch
+
+from dsv41.common.fused_layout import (
+    permute_o_codes_from_fused,
+    permute_o_from_fused,
+    permute_q_from_fused,
+)
+from dsv41.common.mx import mxfp8_dequantize
+from dsv41.common.rope import apply_rope, rope_tables
+from dsv41.common.scenario import Scenario
+from dsv41.common.weights import LayerWeights
+
+SEAMS = ("x8", "qkv", "q", "xo", "z", "y")
+MX_SEAMS = ("x8", "xo")  # seams that are (values, codes)
+DEFAULT_REL_TOL = 1e-2  # relative L2 error of a seam (issues #4 / #5: y <= 1e-2)
+DEFAULT_CODE_AGREEMENT = 0.999  # E8M0 codes equal in >= 99.9 % of groups
+
+
+@dataclasses.dataclass
+class Comparison:
+    seam: str
+    pair: tuple[str, str]
+    max_abs: float
+    rel_l2: float
+    cosine: float
+    code_agreement: float | None  # MX seams only
+    ok: bool
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "pair": list(self.pair)}
+
+
+def standard_seams(seams: dict, layer: LayerWeights, positions: torch.Tensor) -> dict[str, object]:
+    """A backend's seams in the reference's layout: fp32 tensors, MX seams as (values fp32, codes)."""
+    dims, m = layer.dims, layer.dims.model
+    out: dict[str, object] = {}
+    if "x8" in seams:
+        values, codes = seams["x8"]
+        out["x8"] = (mxfp8_dequantize(values, codes), codes)
+    for name in ("qkv", "y"):
+        if name in seams:
+            out[name] = seams[name].float()
+    if "q" in seams:
+        q = seams["q"]
+        if q.dim() == 2:  # fused, straight out of the wq_b GEMM: un-fuse and RoPE as the reference does
+            cos, sin = rope_tables(m, layer.layer_id, q.device)
+            q = apply_rope(permute_q_from_fused(q, dims.heads, m.head_dim), positions, cos, sin, m.nope_dim)
+        out["q"] = q.float()
+    if "xo" in seams:
+        values, codes = seams["xo"]
+        if values.dim() == 2:  # fused O layout
+            values = permute_o_from_fused(values.float(), dims.heads, m.heads_per_group)
+            codes = permute_o_codes_from_fused(codes, dims.heads, m.heads_per_group)
+        out["xo"] = (mxfp8_dequantize(values, codes), codes)
+    if "z" in seams:
+        out["z"] = seams["z"].float().reshape(seams["z"].shape[0], -1)
+    return out
+
+
+def compare(
+    seam: str, pair: tuple[str, str], a: object, b: object, rel_tol: float, code_agreement: float
+) -> Comparison:
+    """Metrics of ``a`` (tested) against ``b`` (baseline) on one seam."""
+    agree = None
+    if isinstance(a, tuple):
+        agree = (a[1].cpu() == b[1].cpu()).float().mean().item()
+        a, b = a[0], b[0]
+    a, b = a.float().cpu().flatten(), b.float().cpu().flatten()
+    diff = a - b
+    max_abs = diff.abs().max().item() if diff.numel() else 0.0
+    rel = (diff.norm() / b.norm().clamp_min(1e-30)).item()
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+    finite = bool(torch.isfinite(a).all())
+    ok = finite and rel <= rel_tol and (agree is None or agree >= code_agreement)
+    return Comparison(seam, pair, max_abs, rel, cos, agree, ok)
+
+
+StepFn = Callable[..., dict]
+
+
+def run_parity(
+    layer: LayerWeights,
+    scenario: Scenario,
+    backends: dict[str, StepFn],
+    *,
+    rel_tol: float = DEFAULT_REL_TOL,
+    code_agreement: float = DEFAULT_CODE_AGREEMENT,
+) -> list[Comparison]:
+    """Run every backend on its own copy of the caches and compare each pair on each seam.
+
+    ``backends`` maps a name to a step function with the signature of
+    ``reference_step`` returning a dict of seams; the first entry is the
+    baseline each other is compared with first.
+    """
+    results: dict[str, dict[str, object]] = {}
+    for name, step in backends.items():
+        sc = scenario.clone_caches()
+        seams = step(layer, sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache)
+        results[name] = standard_seams(seams, layer, sc.positions)
+    comparisons = []
+    for base, tested in itertools.combinations(results, 2):
+        for seam in SEAMS:
+            if seam in results[base] and seam in results[tested]:
+                comparisons.append(
+                    compare(seam, (tested, base), results[tested][seam], results[base][seam], rel_tol, code_agreement)
+                )
+    return comparisons
+
+
+def format_table(comparisons: list[Comparison]) -> str:
+    head = f"{'seam':<5} {'pair':<24} {'max abs':>10} {'rel L2':>10} {'cosine':>9} {'codes':>8}  status"
+    lines = [head, "-" * len(head)]
+    for c in comparisons:
+        codes = "-" if c.code_agreement is None else f"{100 * c.code_agreement:.2f}%"
+        lines.append(
+            f"{c.seam:<5} {c.pair[0] + ' vs ' + c.pair[1]:<24} {c.max_abs:>10.3e} {c.rel_l2:>10.3e} "
+            f"{c.cosine:>9.6f} {codes:>8}  {'ok' if c.ok else 'FAIL'}"
+        )
+    return "\n".join(lines)
