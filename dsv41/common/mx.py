@@ -130,12 +130,29 @@ def e8m0_inv_scale_tl(code):
 
 
 @triton.jit
+def e4m3_round_tl(x):
+    """fp32 ``x`` (|x| <= 448) rounded to the nearest-even e4m3 value, still fp32.
+
+    ``(|x| + m) - m`` with ``m = 2^(max(e, -6) + 20)`` (``e`` = x's binary exponent)
+    leaves exactly 3 fraction bits (the e4m3 step, 2^-9 in its subnormal range),
+    so the later cast to e4m3 is exact. The Triton interpreter's own cast drops
+    the carry when rounding up crosses a power of two with an odd exponent
+    (124 -> 64, not 128); rounding here first makes both executors agree.
+    """
+    mag = tl.abs(x)
+    exp = tl.maximum((mag.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)  # 121: 2^-6
+    magic = ((exp + 20) << 23).to(tl.float32, bitcast=True)
+    rounded = (mag + magic) - magic
+    return tl.where(x < 0, -rounded, rounded)
+
+
+@triton.jit
 def mx_quantize_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     """fp32 ``x [ROWS, COLS]`` -> (e4m3 values [ROWS, COLS], int32 codes [ROWS, COLS // 32])."""
     blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
     code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
     scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
-    scaled = tl.minimum(tl.maximum(scaled, -448.0), 448.0)
+    scaled = e4m3_round_tl(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
     values = tl.reshape(scaled, (ROWS, COLS)).to(tl.float8e4nv)
     return values, code
 
