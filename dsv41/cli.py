@@ -137,6 +137,23 @@ def cmd_parity(args) -> int:
     return 0
 
 
+def cmd_checkpoint_synth(args) -> int:
+    from dsv41.common.checkpoint import synth_checkpoint
+
+    index = synth_checkpoint(args.config, args.layers, args.out, shards=args.shards, seed=args.seed)
+    print(f"wrote {args.layers} layer(s) of {args.config} in {args.shards} shard(s): {index}")
+    return 0
+
+
+def cmd_checkpoint_inspect(args) -> int:
+    from dsv41.common.checkpoint import format_table, inspect_checkpoint
+
+    rows = inspect_checkpoint(args.dir, args.config)
+    print(format_table(rows))
+    print(f"{args.dir}: {len(rows)} tensors, all valid")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dsv41", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -164,6 +181,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plan", help="print a rank's geometry and task counts")
     geometry_args(sp)
     sp.set_defaults(func=cmd_plan)
+
+    ck = sub.add_parser("checkpoint", help="write or validate checkpoints").add_subparsers(
+        dest="checkpoint_command", required=True
+    )
+    sp = ck.add_parser("synth", help="write a synthetic checkpoint with the real names, dtypes and shapes")
+    sp.add_argument("--config", default="tiny", help="model config name or YAML path")
+    sp.add_argument("--layers", type=int, default=1, help="layers 0 .. L-1 to write")
+    sp.add_argument("--out", required=True, help="output directory")
+    sp.add_argument("--shards", type=int, default=4, help="safetensors files to spread the tensors over")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(func=cmd_checkpoint_synth)
+    sp = ck.add_parser("inspect", help="validate a checkpoint against a model config; print its tensors")
+    sp.add_argument("dir", help="checkpoint directory (safetensors files + index JSON)")
+    sp.add_argument("--config", help="model config (default: the one recorded in the index)")
+    sp.set_defaults(func=cmd_checkpoint_inspect)
 
     sp = sub.add_parser("reference", help="run one reference step on random MXFP8 weights")
     geometry_args(sp)

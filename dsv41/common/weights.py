@@ -24,12 +24,14 @@ Each parameter has a ``weight_loader(param, loaded[, shard])`` that slices the
 rank's shard out of the full checkpoint tensor, expands block scales to rows
 and, for wq_b and wo_a, is composed with the fused-layout permutation by
 ``permute_on_load`` so the permutation runs right after the shard is written.
-``load_weights`` validates a whole batch of tensors before writing any of them.
+``load_weights`` checks a whole batch (names, dtypes, shapes) before writing
+any of it, so a bad batch leaves every parameter as it was; every problem is
+reported as ``name: expected X, got Y`` in one ``WeightLoadError``.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -42,27 +44,31 @@ from dsv41.common.fused_layout import (
 )
 from dsv41.common.geometry import Dims
 from dsv41.common.mx import E4M3, MX_BLOCK, block_to_row_scales, quantize_weight_blocks
+from dsv41.config import ModelConfig
 
 E8M0 = torch.float8_e8m0fnu
 QUANTIZED = ("wq_a", "wkv", "wq_b", "wo_a", "wo_b")  # e4m3 + E8M0 block scales
 NORMS = ("q_norm", "kv_norm")
+NORM_STD = 0.1  # synthetic norms: 1 + N(0, NORM_STD^2)
+
+TensorSpec = tuple[tuple[int, ...], torch.dtype]  # (shape, dtype)
 
 
 class WeightLoadError(ValueError):
-    """A checkpoint tensor is missing, unexpected, mis-shaped or mis-typed."""
+    """A checkpoint tensor is missing, unexpected, mis-shaped or mis-typed (or a write failed)."""
 
 
-def checkpoint_shapes(dims: Dims) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Short name (``wq_a.weight``) -> (full checkpoint shape, dtype) of one layer."""
-    m = dims.model
+def checkpoint_shapes(model: Dims | ModelConfig) -> dict[str, TensorSpec]:
+    """Short name (``wq_a.weight``) -> (full checkpoint shape, dtype) of one layer, any tp."""
+    m = model.model if isinstance(model, Dims) else model
     out_in = {
         "wq_a": (m.q_rank, m.hidden),
         "wkv": (m.kv_dim, m.hidden),
         "wq_b": (m.n_heads * m.head_dim, m.q_rank),
-        "wo_a": (m.o_groups * m.o_rank, dims.group_k),
+        "wo_a": (m.o_groups * m.o_rank, m.heads_per_group * m.head_dim),
         "wo_b": (m.hidden, m.o_groups * m.o_rank),
     }
-    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    shapes: dict[str, TensorSpec] = {}
     for name, (n, k) in out_in.items():
         shapes[f"{name}.weight"] = ((n, k), E4M3)
         shapes[f"{name}.scale"] = ((n // MX_BLOCK, k // MX_BLOCK), E8M0)
@@ -73,10 +79,58 @@ def checkpoint_shapes(dims: Dims) -> dict[str, tuple[tuple[int, ...], torch.dtyp
 
 
 def checkpoint_prefix(layer_id: int) -> str:
+    """``layers.{layer_id}.attn.``: what every checkpoint name of the layer starts with."""
     return f"layers.{layer_id}.attn."
 
 
-def synth_layer_tensors(dims: Dims, layer_id: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def layer_tensor_specs(model: Dims | ModelConfig, layer_id: int) -> dict[str, TensorSpec]:
+    """Full checkpoint name -> (shape, dtype) of every tensor of layer ``layer_id``."""
+    prefix = checkpoint_prefix(layer_id)
+    return {prefix + short: spec for short, spec in checkpoint_shapes(model).items()}
+
+
+def describe(dtype: torch.dtype | str, shape: Iterable[int]) -> str:
+    """``float8_e4m3fn [16384, 128]``: how errors and tables print a tensor."""
+    name = str(dtype).removeprefix("torch.")
+    return f"{name} {list(shape)}"
+
+
+def dtype_matches(got: torch.dtype | str, expected: torch.dtype) -> bool:
+    """Equal dtypes; E8M0 scales may also come as their raw uint8 codes."""
+    return got == expected or (expected == E8M0 and got == torch.uint8)
+
+
+def tensor_problems(
+    found: Mapping[str, tuple[torch.dtype | str, tuple[int, ...]]],
+    expected: Mapping[str, TensorSpec],
+    *,
+    require_all: bool = True,
+    unexpected_hint: str = "",
+) -> list[str]:
+    """A ``name: expected X, got Y`` line per unexpected, mis-typed, mis-shaped, missing tensor."""
+    problems = []
+    for name, (dtype, shape) in found.items():
+        if name not in expected:
+            got = describe(dtype, shape)
+            problems.append(f"{name}: expected no such tensor{unexpected_hint}, got {got}")
+            continue
+        want_shape, want_dtype = expected[name]
+        if not dtype_matches(dtype, want_dtype) or tuple(shape) != want_shape:
+            problems.append(
+                f"{name}: expected {describe(want_dtype, want_shape)}, got {describe(dtype, shape)}"
+            )
+    if require_all:
+        problems += [
+            f"{name}: expected {describe(dtype, shape)}, got nothing (missing)"
+            for name, (shape, dtype) in expected.items()
+            if name not in found
+        ]
+    return problems
+
+
+def synth_layer_tensors(
+    model: Dims | ModelConfig, layer_id: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Random tensors of one layer in checkpoint format, keyed by full checkpoint name.
 
     Weights are N(0, 1/K) quantized on 32x32 blocks (so activations stay O(1)),
@@ -84,39 +138,68 @@ def synth_layer_tensors(dims: Dims, layer_id: int, generator: torch.Generator) -
     """
     prefix = checkpoint_prefix(layer_id)
     out: dict[str, torch.Tensor] = {}
-    for short, (shape, dtype) in checkpoint_shapes(dims).items():
-        name, kind = short.rsplit(".", 1) if "." in short else (short, "")
-        if name in QUANTIZED:
-            if kind == "scale":
-                continue
+    for short, (shape, dtype) in checkpoint_shapes(model).items():
+        base, _, kind = short.partition(".")
+        if kind == "scale":
+            continue  # written with its weight
+        if base in QUANTIZED:
             w = torch.randn(shape, generator=generator) / shape[1] ** 0.5
             values, codes = quantize_weight_blocks(w)
-            out[prefix + f"{name}.weight"] = values
-            out[prefix + f"{name}.scale"] = codes.view(E8M0)
-        elif name in NORMS:
-            out[prefix + short] = (1 + 0.1 * torch.randn(shape, generator=generator)).to(dtype)
+            out[prefix + short] = values
+            out[f"{prefix}{base}.scale"] = codes.view(E8M0)
+        elif base in NORMS:
+            out[prefix + short] = (1 + NORM_STD * torch.randn(shape, generator=generator)).to(dtype)
         else:
             out[prefix + short] = torch.randn(shape, generator=generator).to(dtype)
     return out
 
 
-def _param(shape: tuple[int, ...], dtype: torch.dtype, device) -> nn.Parameter:
+def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
     return nn.Parameter(torch.zeros(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def _as_codes(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.dtype == E8M0 else t
+ALL = slice(None)
+
+
+def _shard_loader(name: str, rows: slice = ALL, cols: slice = ALL, *, scales: bool = False,
+                  shard_rows: Mapping[str, slice] | None = None):
+    """A weight_loader writing ``full[rows, cols]``, block scales first expanded to per-row codes.
+
+    With ``shard_rows`` (a fused parameter) the call names its shard and the
+    slice lands on that shard's rows of the parameter. A server may call it
+    directly, so it refuses a slice of the wrong dtype or shape itself.
+    """
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard: str | None = None) -> None:
+        full = loaded.view(torch.uint8) if loaded.dtype == E8M0 else loaded
+        if scales:
+            full = block_to_row_scales(full)
+        dst = param.data if shard is None else param.data[shard_rows[shard]]
+        src = full[rows][..., cols]
+        if src.dtype != dst.dtype or src.shape != dst.shape:
+            where = name if shard is None else f"{name}[{shard}]"
+            raise WeightLoadError(
+                f"{where}: expected a shard of {describe(dst.dtype, dst.shape)}, "
+                f"got {describe(src.dtype, src.shape)} from {describe(loaded.dtype, loaded.shape)}"
+            )
+        dst.copy_(src.to(dst.device))
+
+    return load
 
 
 class LayerWeights(nn.Module):
     """The kernel-visible parameters of one layer on one TP rank (table in the module docstring)."""
 
-    def __init__(self, dims: Dims, rank: int, layer_id: int, device="cpu"):
+    def __init__(self, dims: Dims, rank: int, layer_id: int, device: torch.device | str = "cpu"):
         super().__init__()
         m = dims.model
+        if not 0 <= layer_id < m.num_layers:
+            raise ValueError(
+                f"layer_id: expected 0 <= layer_id < num_layers = {m.num_layers}, got {layer_id}"
+            )
         self.dims, self.rank, self.layer_id = dims, rank, layer_id
-        self.heads = dims.head_range(rank)
-        self.groups = dims.group_range(rank)
+        self.heads = dims.head_range(rank)  # global heads of this rank
+        self.groups = dims.group_range(rank)  # global wo_a groups of this rank
         self.prefix = checkpoint_prefix(layer_id)
         sc = MX_BLOCK
         self.wqkv = _param((m.qkv_rows, m.hidden), E4M3, device)
@@ -132,90 +215,80 @@ class LayerWeights(nn.Module):
         self.attn_sink = _param((dims.heads,), torch.float32, device)
         self._install_loaders()
 
-    # -- loaders --------------------------------------------------------------
-
     def _install_loaders(self) -> None:
-        m, d = self.dims.model, self.dims
+        m = self.dims.model
         q_rows = slice(self.heads.start * m.head_dim, self.heads.stop * m.head_dim)
         o_rows = slice(self.groups.start * m.o_rank, self.groups.stop * m.o_rank)
+        o_blocks = slice(o_rows.start // MX_BLOCK, o_rows.stop // MX_BLOCK)
         qkv_rows = {"wq_a": slice(0, m.q_rank), "wkv": slice(m.q_rank, m.qkv_rows)}
 
-        def rows_loader(rows: slice | None, scale: bool):
-            def load(param, loaded, shard: str | None = None):
-                full = _as_codes(loaded)
-                if scale:
-                    full = block_to_row_scales(full)
-                dst = param.data if shard is None else param.data[qkv_rows[shard]]
-                src = full if rows is None else full[rows]
-                dst.copy_(src.to(dst.device))
+        loaders = {
+            "wqkv": {"shard_rows": qkv_rows},
+            "wqkv_scale": {"shard_rows": qkv_rows, "scales": True},
+            "q_norm": {},
+            "kv_norm": {},
+            "wq_b": {"rows": q_rows},
+            "wq_b_scale": {"rows": q_rows, "scales": True},
+            "wo_a": {"rows": o_rows},
+            "wo_a_scale": {"rows": o_rows, "scales": True},
+            "wo_b": {"cols": o_rows},
+            "wo_b_scale": {"cols": o_blocks, "scales": True},
+            "attn_sink": {"rows": slice(self.heads.start, self.heads.stop)},
+        }
+        for name, where in loaders.items():
+            getattr(self, name).weight_loader = _shard_loader(name, **where)
 
-            return load
-
-        def cols_loader(cols: slice):
-            def load(param, loaded):
-                param.data.copy_(block_to_row_scales(_as_codes(loaded))[:, cols].to(param.device)
-                                 if param.dtype == torch.uint8 else loaded[:, cols].to(param.device))
-
-            return load
-
-        self.wqkv.weight_loader = rows_loader(None, scale=False)
-        self.wqkv_scale.weight_loader = rows_loader(None, scale=True)
-        for norm in (self.q_norm, self.kv_norm):
-            norm.weight_loader = rows_loader(None, scale=False)
-        self.wq_b.weight_loader = rows_loader(q_rows, scale=False)
-        self.wq_b_scale.weight_loader = rows_loader(q_rows, scale=True)
-        q_perm = q_fused_permutation(d.heads, m.head_dim)
+        q_perm = q_fused_permutation(self.dims.heads, m.head_dim)
         permute_on_load(self.wq_b, q_perm, 0)
         permute_on_load(self.wq_b_scale, q_perm, 0)
-        self.wo_a.weight_loader = rows_loader(o_rows, scale=False)
-        self.wo_a_scale.weight_loader = rows_loader(o_rows, scale=True)
         permute_on_load(self.wo_a, o_fused_permutation(m.heads_per_group, m.head_dim), 1)
-        permute_on_load(self.wo_a_scale, o_fused_chunk_permutation(m.heads_per_group, m.head_dim), 1)
-        self.wo_b.weight_loader = cols_loader(o_rows)
-        self.wo_b_scale.weight_loader = cols_loader(slice(o_rows.start // MX_BLOCK, o_rows.stop // MX_BLOCK))
-        self.attn_sink.weight_loader = rows_loader(slice(self.heads.start, self.heads.stop), scale=False)
+        permute_on_load(
+            self.wo_a_scale, o_fused_chunk_permutation(m.heads_per_group, m.head_dim), 1
+        )
 
-    def _target(self, short: str) -> tuple[nn.Parameter, str | None]:
-        """Checkpoint short name -> (parameter, shard id)."""
-        name, _, kind = short.partition(".")
-        if name in ("wq_a", "wkv"):
-            return (self.wqkv_scale if kind == "scale" else self.wqkv), name
-        if name in QUANTIZED:
-            return getattr(self, f"{name}_scale" if kind == "scale" else name), None
-        return getattr(self, name), None
+    def _target(self, name: str) -> tuple[nn.Parameter, str | None]:
+        """Full checkpoint name -> (parameter, shard id)."""
+        base, _, kind = name.removeprefix(self.prefix).partition(".")
+        if base in ("wq_a", "wkv"):
+            return (self.wqkv_scale if kind == "scale" else self.wqkv), base
+        if base in QUANTIZED and kind == "scale":
+            return getattr(self, f"{base}_scale"), None
+        return getattr(self, base), None
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, require_all: bool = True) -> set[str]:
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], *, require_all: bool = True
+    ) -> set[str]:
         """Load full checkpoint tensors of this layer (any order, any number of times).
 
         Every tensor is checked (name, shape, dtype) before any is written, so a
         bad batch changes nothing. With ``require_all`` a batch lacking any of
         the layer's tensors is refused too. Returns the names loaded.
         """
-        expected = {self.prefix + k: v for k, v in checkpoint_shapes(self.dims).items()}
-        batch: dict[str, torch.Tensor] = {}
-        for name, tensor in weights:
-            if name not in expected:
-                raise WeightLoadError(
-                    f"{name}: unexpected tensor for layer {self.layer_id} "
-                    f"(expected names under {self.prefix!r}: {sorted(k[len(self.prefix):] for k in expected)})"
-                )
-            shape, dtype = expected[name]
-            ok_dtype = tensor.dtype == dtype or (dtype == E8M0 and tensor.dtype == torch.uint8)
-            if not ok_dtype or tuple(tensor.shape) != shape:
-                raise WeightLoadError(
-                    f"{name}: expected {str(dtype).removeprefix('torch.')} {list(shape)}, "
-                    f"got {str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
-                )
-            batch[name] = tensor
-        missing = sorted(set(expected) - set(batch))
-        if require_all and missing:
-            raise WeightLoadError(f"layer {self.layer_id}: missing tensors {missing}; nothing was loaded")
+        expected = layer_tensor_specs(self.dims, self.layer_id)
+        batch = dict(weights)
+        problems = tensor_problems(
+            {name: (t.dtype, tuple(t.shape)) for name, t in batch.items()},
+            expected,
+            require_all=require_all,
+            unexpected_hint=f" in layer {self.layer_id}",
+        )
+        if problems:
+            raise WeightLoadError("\n".join(problems + ["nothing was loaded"]))
+        written: list[str] = []
         for name, tensor in batch.items():
-            param, shard = self._target(name[len(self.prefix):])
-            if shard is None:
-                param.weight_loader(param, tensor)
-            else:
-                param.weight_loader(param, tensor, shard)
+            param, shard = self._target(name)
+            try:
+                if shard is None:
+                    param.weight_loader(param, tensor)
+                else:
+                    param.weight_loader(param, tensor, shard)
+            except Exception as e:
+                raise WeightLoadError(
+                    f"{name}: expected its weight_loader to succeed, got {type(e).__name__}: {e}; "
+                    f"parameters written before it: {written or 'none'}; this one may be "
+                    "half-written: load the layer again"
+                ) from e
+            written.append(name)
         return set(batch)
 
     def dummy_load(self, seed: int = 0) -> None:
