@@ -20,11 +20,11 @@ if not torch.cuda.is_available():
     # Kernels run in the Triton interpreter here; it must be chosen before triton decorates them.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from dsv41.config import ConfigError  # noqa: E402
-from dsv41.parity import DEFAULT_CODE_AGREEMENT, DEFAULT_REL_TOL  # noqa: E402
+from dsv41.config import ConfigError
+from dsv41.parity import DEFAULT_CODE_AGREEMENT, DEFAULT_REL_TOL
 
 
-def _geometry(args) -> "Dims":  # noqa: F821
+def _geometry(args) -> Dims:  # noqa: F821
     from dsv41.common.geometry import Dims
 
     return Dims.of(args.config, args.tp)
@@ -69,7 +69,7 @@ def cmd_reference(args) -> int:
         for i, t in enumerate(parts):
             label = name if len(parts) == 1 else f"{name}.{('values', 'codes')[i]}"
             finite = t.float()[torch.isfinite(t.float())]
-            print(f"{label:<10} {str(t.dtype).removeprefix('torch.'):<16} {str(list(t.shape)):<20} "
+            print(f"{label:<10} {str(t.dtype).removeprefix('torch.'):<16} {list(t.shape)!s:<20} "
                   f"{finite.norm().item():>12.4f}")
     return 0
 

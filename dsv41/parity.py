@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

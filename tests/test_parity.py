@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from dsv41 import cli, layer as layer_mod
+from dsv41 import cli
+from dsv41 import layer as layer_mod
 from dsv41.common.geometry import Dims
 from dsv41.common.reference import reference_step
 from dsv41.common.scenario import make_scenario

@@ -17,7 +17,7 @@ kernel-visible tensor permuted exactly once.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -130,6 +130,14 @@ def e8m0_inv_scale_tl(code):
 
 
 @triton.jit
+def bf16_round_tl(x):
+    """fp32 ``x`` rounded to nearest-even bf16, kept fp32 (the interpreter's cast truncates)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def e4m3_round_tl(x):
     """fp32 ``x`` (|x| <= 448) rounded to the nearest-even e4m3 value, still fp32.
 

@@ -89,7 +89,7 @@ def make_scenario(
         positions, block_tables, window=m.window, block=block, topk=topk, keys=m.keys
     )
     x = torch.randn(tokens, m.hidden, generator=gen).bfloat16()
-    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    to = lambda t: None if t is None else t.to(device)
     for cache in (window_cache, compressed_cache):
         if cache is not None:
             cache.data = cache.data.to(device)

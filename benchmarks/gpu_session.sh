@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on the device machine: GPU tests, parity and the layer benchmark,
+# logs under $OUT, a short table last. Installs nothing (the image has torch,
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|all]
+set -uo pipefail
+what=${1:-all}
+OUT=${OUT:-/tmp/dsv41-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/gpu --timeout 500 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 4 --json "$OUT/parity_tp4.json" 2>&1 | tee "$OUT/parity_tp4.txt"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  for tp in 4 2; do
+    for backend in nvidia mono; do
+      python3 benchmarks/bench_layer.py --backend "$backend" --config dsv41-flash --tp "$tp" \
+        --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_${backend}_tp${tp}.json" 2>&1 | tee "$OUT/bench_${backend}_tp${tp}.txt" | tail -12
+    done
+  done
+fi

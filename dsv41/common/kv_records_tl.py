@@ -1,0 +1,169 @@
+"""KV records inside kernels: key-table decode, record loads and stores, both formats (SPEC §4).
+
+The ``@triton.jit`` helpers here read and write exactly the bytes that
+``dsv41.common.kv_cache.pack_records`` lays out, for both record formats, picked
+by a constexpr ``FMT``:
+
+- ``FMT_DS_MLA`` (``fp8_ds_mla``, 584 B): a page is ``BLOCK_TOKENS`` data rows of
+  576 B (448 e4m3 nope dims, then 64 bf16 rope dims), then ``BLOCK_TOKENS``
+  scale rows of 8 B (7 UE8M0 codes, one per 64 nope dims, then a zero pad).
+- ``FMT_MX`` (``fp8_mx``, 528 B): records back to back, 512 e4m3 then 16 UE8M0,
+  one per 32 dims.
+
+A cache pointer is the ``uint8`` data of a ``PagedKVCache``; slot ``s`` is row
+``s % BLOCK_TOKENS`` of page ``s // BLOCK_TOKENS``; offsets are int64 so caches
+past 2 GiB work. Every load and store is masked: an invalid slot reads zeros and
+writes nothing. Quantization is the E8M0 cast of ``dsv41.common.mx``: ``code =
+clamp(ceil(log2(amax / 448)) + 127, 0, 254)``, ``value = e4m3(clamp(x * 2^(127 -
+code), -448, 448))`` per scale group.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dsv41.common.kv_cache import (
+    DS_MLA_SCALE_ROW,
+    FP8_DS_MLA,
+    FP8_MX,
+    KV_DIM,
+    NOPE_DIM,
+    RecordFormat,
+    record_format,
+)
+from dsv41.common.mx import E4M3_MAX, e4m3_round_tl, e8m0_code_tl, e8m0_inv_scale_tl, e8m0_scale_tl
+
+FMT_DS_MLA = tl.constexpr(0)  # fp8_ds_mla: split pages, bf16 rope dims
+FMT_MX = tl.constexpr(1)  # fp8_mx: contiguous records, all dims e4m3
+
+_KV_DIM = tl.constexpr(KV_DIM)  # 512
+_NOPE_DIM = tl.constexpr(NOPE_DIM)  # 448
+_E4M3_MAX = tl.constexpr(E4M3_MAX)  # 448.0
+_SLOT_MASK = tl.constexpr(0x7FFFFFFF)  # key-table entry without the compressed bit
+_DS_MLA_RECORD = tl.constexpr(FP8_DS_MLA.record_bytes)  # 584
+_DS_MLA_DATA = tl.constexpr(FP8_DS_MLA.data_bytes)  # 576
+_DS_MLA_SCALE_ROW = tl.constexpr(DS_MLA_SCALE_ROW)  # 8
+_DS_MLA_GROUP = tl.constexpr(FP8_DS_MLA.scale_group)  # 64 nope dims per code
+_DS_MLA_CODES = tl.constexpr(FP8_DS_MLA.num_codes)  # 7
+_MX_RECORD = tl.constexpr(FP8_MX.record_bytes)  # 528
+_MX_GROUP = tl.constexpr(FP8_MX.scale_group)  # 32 dims per code
+_UNIT_CODE = tl.constexpr(127)  # E8M0 code of 1.0: the rope dims' scale in fp8_ds_mla
+
+
+def fmt_id(fmt: str | RecordFormat) -> int:
+    """The kernels' constexpr ``FMT`` of a record format: fp8_ds_mla -> 0, fp8_mx -> 1."""
+    return {FP8_DS_MLA.name: FMT_DS_MLA.value, FP8_MX.name: FMT_MX.value}[record_format(fmt).name]
+
+
+@triton.jit
+def decode_entries_tl(entries, window_slots, compressed_slots):
+    """Key-table entries -> ``(is_compressed, slot int64, valid)``, ``valid = slot < cache slots``.
+
+    ``entries < 0`` marks a compressed row with ``slot = entry & 0x7fffffff``, so
+    -1 (slot 2^31 - 1) and any entry outside its cache are not valid.
+    """
+    is_compressed = entries < 0
+    slot = (entries & _SLOT_MASK).to(tl.int64)
+    limit = tl.where(is_compressed, compressed_slots, window_slots).to(tl.int64)
+    return is_compressed, slot, slot < limit
+
+
+@triton.jit
+def record_offsets_tl(slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
+    """int64 byte offsets ``(data row, scale codes)`` of each slot's record in its cache."""
+    slots = slots.to(tl.int64)
+    if FMT == FMT_DS_MLA:
+        page_base = (slots // BLOCK_TOKENS) * (BLOCK_TOKENS * _DS_MLA_RECORD)
+        row = slots % BLOCK_TOKENS
+        data = page_base + row * _DS_MLA_DATA
+        codes = page_base + BLOCK_TOKENS * _DS_MLA_DATA + row * _DS_MLA_SCALE_ROW
+    else:
+        data = slots * _MX_RECORD
+        codes = data + _KV_DIM
+    return data, codes
+
+
+@triton.jit
+def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr):
+    """fp32 keys ``[BK, 512]`` of the records whose data rows and codes start at the uint8
+    pointers ``data_ptrs [BK]`` and ``code_ptrs [BK]``; rows where ``valid [BK]`` is false are 0.
+
+    Row pointers let one tile mix records of two caches (``tl.where(is_compressed, ...)``).
+    """
+    d = tl.arange(0, _KV_DIM)
+    if FMT == FMT_DS_MLA:
+        GROUP: tl.constexpr = _DS_MLA_GROUP
+        is_nope = d < _NOPE_DIM
+        fp8 = tl.load(
+            data_ptrs[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0
+        )
+        # The rope dims are bf16 at byte 448 + 2 (d - 448) of the (even) data row.
+        rope_ptrs = (data_ptrs + _NOPE_DIM).to(tl.pointer_type(tl.bfloat16))
+        rope = tl.load(
+            rope_ptrs[:, None] + (d[None, :] - _NOPE_DIM),
+            mask=valid[:, None] & ~is_nope[None, :],
+            other=0.0,
+        )
+        fp8 = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        raw = tl.where(is_nope[None, :], fp8, rope.to(tl.float32))
+        g = tl.arange(0, _KV_DIM // GROUP)  # the last group holds the rope dims: unit scale
+        code = tl.load(
+            code_ptrs[:, None] + g[None, :],
+            mask=valid[:, None] & (g < _DS_MLA_CODES)[None, :],
+            other=_UNIT_CODE,
+        )
+    else:
+        GROUP: tl.constexpr = _MX_GROUP
+        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0)
+        raw = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        g = tl.arange(0, _KV_DIM // GROUP)
+        code = tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0)
+    scale = e8m0_scale_tl(code.to(tl.int32))
+    keys = tl.reshape(raw, (BK, _KV_DIM // GROUP, GROUP)) * scale[:, :, None]
+    return tl.reshape(keys, (BK, _KV_DIM))
+
+
+@triton.jit
+def load_keys_tl(
+    cache_ptr, slots, valid, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr, BK: tl.constexpr
+):
+    """fp32 keys ``[BK, 512]`` of the records at ``slots [BK]``; rows not ``valid [BK]`` are 0."""
+    data, codes = record_offsets_tl(slots, BLOCK_TOKENS, FMT)
+    return load_records_tl(cache_ptr + data, cache_ptr + codes, valid, FMT, BK)
+
+
+@triton.jit
+def store_record_tl(cache_ptr, slots, kv, num_slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
+    """Quantize fp32 ``kv [R, 512]`` and write its records at ``slots [R]`` (rows with slot outside
+    ``[0, num_slots)`` are skipped), byte for byte as ``pack_records``.
+
+    ``kv`` should already hold the bf16 values the contract stores (the fp8_ds_mla
+    rope dims are cast to bf16 here; the nope dims are quantized from kv as given).
+    """
+    R: tl.constexpr = kv.shape[0]
+    GROUP: tl.constexpr = _DS_MLA_GROUP if FMT == FMT_DS_MLA else _MX_GROUP
+    NG: tl.constexpr = _KV_DIM // GROUP
+    data, codes_at = record_offsets_tl(slots, BLOCK_TOKENS, FMT)
+    store = (slots >= 0) & (slots < num_slots)
+    d = tl.arange(0, _KV_DIM)
+    g = tl.arange(0, NG)
+    blocks = tl.reshape(kv, (R, NG, GROUP))
+    code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
+    scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
+    scaled = e4m3_round_tl(tl.minimum(tl.maximum(scaled, -_E4M3_MAX), _E4M3_MAX))
+    fp8 = tl.reshape(scaled, (R, _KV_DIM)).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    if FMT == FMT_DS_MLA:
+        is_nope = d < _NOPE_DIM
+        tl.store(
+            cache_ptr + data[:, None] + d[None, :], fp8, mask=store[:, None] & is_nope[None, :]
+        )
+        bf16_ptr = cache_ptr.to(tl.pointer_type(tl.bfloat16))
+        rope_at = (data[:, None] + _NOPE_DIM) // 2 + (d[None, :] - _NOPE_DIM)
+        tl.store(bf16_ptr + rope_at, kv.to(tl.bfloat16), mask=store[:, None] & ~is_nope[None, :])
+        # The last group is the rope dims: its slot in the scale row is the zero pad byte.
+        row_bytes = tl.where(g < _DS_MLA_CODES, code, 0).to(tl.uint8)
+        tl.store(cache_ptr + codes_at[:, None] + g[None, :], row_bytes, mask=store[:, None])
+    else:
+        tl.store(cache_ptr + data[:, None] + d[None, :], fp8, mask=store[:, None])
+        tl.store(cache_ptr + codes_at[:, None] + g[None, :], code.to(tl.uint8), mask=store[:, None])

@@ -1,0 +1,359 @@
+"""Mega attention: fused-layout q in, fused MXFP8 xo out, for one decode step (SPEC §2.4-2.7).
+
+For token ``m`` and head ``h`` over the valid keys ``k`` of ``key_table[m]``
+(V = K, all 512 dims; SPEC §4):
+
+    q = bf16(rope(q_fused[m, head h], positions[m]))          (dims 448.. turned forward)
+    s = q . k * softmax_scale,  lse = logsumexp(s)
+    o = softmax(s) @ V * 1 / (1 + exp(attn_sink[h] - lse))   (0 when no key is valid)
+    o = bf16(inverse_rope(o, positions[m]))
+    xo, codes = mxfp8(o) per 32 dims, written in the fused O layout
+
+so no kernel of the step shuffles q or o. A program covers a tile of
+``HEAD_TILE`` heads (masked past the rank's heads) of one token and one split
+of the key table: the scores of the tile are one ``[16, 512] x [512, BK]`` dot
+per block of keys, the output one ``[16, BK] x [BK, 512]`` dot on the same
+dequantized key tile (FlashMLA's shape). Keys are read straight from the paged
+records of either format through ``dsv41.common.kv_records_tl``.
+
+When M is small the key table is split over several programs so the GPU fills
+at M = 1. Each split writes fp32 partials (unnormalised o, running max, sum),
+and a second launch combines them: one program per (token, head tile, 32-dim
+chunk), so the combine reads the partials in parallel rather than through one
+program, and the epilogue (sink, inverse RoPE, bf16, MXFP8 cast, fused-O store)
+is chunk-local (RoPE pairs and MX blocks never cross a 32-dim chunk). With one
+split the attention program runs the epilogue itself. Neither launch syncs
+with the host or keeps state between calls, so a step can be captured in a
+CUDA graph. Products of a bf16 q and a dequantized key are exact in bf16, so
+on the GPU the score dot runs on bf16 operands and the output dot on a bf16
+hi + lo split of the probabilities (~16 bits); the interpreter (whose bf16 dot
+is broken) uses fp32 operands.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
+from dsv41.common.geometry import HEAD_TILE
+from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
+from dsv41.common.kv_records_tl import decode_entries_tl, fmt_id, load_records_tl, record_offsets_tl
+from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
+from dsv41.common.rope import rope_pair_tl
+from dsv41.nvidia.ops.mx_gemm import interpreting, sm_count
+
+HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
+KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
+COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, whole RoPE pairs
+PROGRAMS_PER_SM = 2  # split the keys until the attention launch has this many programs a SM
+LOG2_E = math.log2(math.e)
+
+_HEAD_DIM = tl.constexpr(HEAD_DIM)
+_NOPE = tl.constexpr(NOPE_DIM)  # 448
+_HALF_ROPE = tl.constexpr(ROPE_DIM // 2)  # 32 rope pairs: the width of the cos / sin tables
+_Q_CHUNK = tl.constexpr(Q_CHUNK)  # 16
+_O_CHUNK = tl.constexpr(O_CHUNK)  # 32
+_LN2 = tl.constexpr(math.log(2.0))
+
+
+@triton.jit
+def _rope_tl(x, d0, pos, max_pos, cos_ptr, sin_ptr, ROWS: tl.constexpr, W: tl.constexpr,
+             INVERSE: tl.constexpr):  # fmt: skip
+    """fp32 ``x [ROWS, W]`` holding dims ``d0 .. d0 + W`` (``d0`` even) of a head: the GPT-J pairs
+    ``(448 + 2i, 449 + 2i)`` among them turned by ``pos`` (back if INVERSE), the rest unchanged."""
+    v0, v1 = tl.split(tl.reshape(x, (ROWS, W // 2, 2)))
+    i = (d0 - _NOPE) // 2 + tl.arange(0, W // 2)  # rope pair of each column pair, < 0 for nope
+    at = pos * _HALF_ROPE + i
+    turn = tl.where((pos >= 0) & (pos < max_pos), i, -1) >= 0  # nope pairs, bad positions stay put
+    c = tl.load(cos_ptr + at, mask=turn, other=1.0)[None, :]
+    s = tl.load(sin_ptr + at, mask=turn, other=0.0)[None, :]
+    r0, r1 = rope_pair_tl(v0, v1, c, s, INVERSE)
+    return tl.reshape(tl.join(r0, r1), (ROWS, W))
+
+
+@triton.jit
+def _epilogue_tl(
+    acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink_ptr, cos_ptr, sin_ptr,
+    xo_ptr, codes_ptr, lse_ptr,
+    H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, W: tl.constexpr,
+):  # fmt: skip
+    """Dims ``d0 .. d0 + W`` of the tile's heads from ``acc = sum 2^(s2 - m_i) v`` and ``l_i = sum
+    2^(s2 - m_i)`` (log2 units): sink gate, inverse RoPE, bf16, MXFP8 stored in the fused O layout;
+    lse stored by the programs holding dim 0."""
+    has_key = l_i > 0.0
+    lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * _LN2, -float("inf"))
+    sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
+    gate = 1.0 / (1.0 + tl.exp(sink - lse))
+    o = acc * tl.where(has_key, gate / tl.where(has_key, l_i, 1.0), 0.0)[:, None]
+    o = bf16_round_tl(_rope_tl(o, d0, pos, max_pos, cos_ptr, sin_ptr, HT, W, True))
+    values, codes = mx_quantize_tl(o, HT, W)
+    # Fused O: head g * G + e, dim c * 32 + j -> g * G * 512 + (c * G + e) * 32 + j; code at
+    # g * G * 16 + c * G + e.
+    CHUNKS: tl.constexpr = _HEAD_DIM // _O_CHUNK
+    d = d0 + tl.arange(0, W)
+    xo_row = token * (H * _HEAD_DIM) + (heads // G) * (G * _HEAD_DIM) + (heads % G) * _O_CHUNK
+    xo_col = d // _O_CHUNK * (G * _O_CHUNK) + d % _O_CHUNK
+    tl.store(xo_ptr + xo_row[:, None] + xo_col[None, :], values.to(tl.uint8, bitcast=True),
+             mask=head_ok[:, None])  # fmt: skip
+    c = d0 // _O_CHUNK + tl.arange(0, W // _O_CHUNK)
+    codes_row = token * (H * CHUNKS) + (heads // G) * (G * CHUNKS) + heads % G
+    tl.store(codes_ptr + codes_row[:, None] + (c * G)[None, :], codes.to(tl.uint8),
+             mask=head_ok[:, None])  # fmt: skip
+    lse_ok = tl.where(d0 == 0, heads, H) < H
+    tl.store(lse_ptr + token * H + heads, lse, mask=lse_ok)
+
+
+@triton.jit(do_not_specialize=["window_slots", "compressed_slots", "max_pos"])
+def mega_attention_kernel(
+    q_ptr, pos_ptr, table_ptr, win_ptr, comp_ptr, sink_ptr, cos_ptr, sin_ptr,
+    xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
+    window_slots, compressed_slots, max_pos, qk_scale,
+    H: tl.constexpr, G: tl.constexpr, KEYS: tl.constexpr, FMT: tl.constexpr,
+    WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
+    KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
+):  # fmt: skip
+    """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
+    the finished xo (one split) or fp32 partials for the combine."""
+    TILES: tl.constexpr = (H + HT - 1) // HT
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    token = pid // TILES
+    heads = (pid % TILES) * HT + tl.arange(0, HT)
+    head_ok = heads < H
+    d = tl.arange(0, _HEAD_DIM)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+
+    # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
+    q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
+    q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
+    q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
+    q = bf16_round_tl(_rope_tl(q, 0, pos, max_pos, cos_ptr, sin_ptr, HT, _HEAD_DIM, False))
+    if DOT_BF16:
+        q = q.to(tl.bfloat16)
+
+    m_i = tl.full((HT,), -float("inf"), tl.float32)  # running max of s * log2(e)
+    l_i = tl.zeros((HT,), tl.float32)
+    acc = tl.zeros((HT, _HEAD_DIM), tl.float32)
+    table_row = table_ptr + token.to(tl.int64) * KEYS
+    for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
+        kk = k0 + tl.arange(0, BK)
+        entries = tl.load(table_row + kk, mask=kk < KEYS, other=-1)
+        is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
+        win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
+        comp_data, comp_codes = record_offsets_tl(slots, COMP_BLOCK, FMT)
+        data_ptrs = tl.where(is_comp, comp_ptr + comp_data, win_ptr + win_data)
+        code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
+        k = load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK)
+        if DOT_BF16:
+            k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
+            s = tl.dot(q, tl.trans(k))
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        s = tl.where(valid[None, :], s * qk_scale, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # no key yet: keep exp2 finite
+        p = tl.exp2(s - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        if DOT_BF16:
+            p_hi = p.to(tl.bfloat16)
+            p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
+            acc = tl.dot(p_hi, k, acc)
+            acc = tl.dot(p_lo, k, acc)
+        else:
+            acc = tl.dot(p, k, acc, input_precision="ieee")
+        m_i = m_new
+
+    if SPLITS == 1:
+        _epilogue_tl(
+            acc, l_i, m_i, 0, token, heads, head_ok, pos, max_pos, sink_ptr, cos_ptr, sin_ptr,
+            xo_ptr, codes_ptr, lse_ptr, H, G, HT, _HEAD_DIM,
+        )  # fmt: skip
+    else:
+        # Partials of (token, tile) `pid`, split `split`: o [HT, 512] and (max, sum) [2, HT].
+        hh = tl.arange(0, HT)
+        at = pid.to(tl.int64) * SPLITS + split
+        tl.store(part_o_ptr + (at * HT + hh[:, None]) * _HEAD_DIM + d[None, :], acc)
+        tl.store(part_stat_ptr + at * (2 * HT) + hh, m_i)
+        tl.store(part_stat_ptr + at * (2 * HT) + HT + hh, l_i)
+
+
+@triton.jit(do_not_specialize=["max_pos"])
+def mega_attention_combine_kernel(
+    pos_ptr, sink_ptr, cos_ptr, sin_ptr, xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
+    max_pos,
+    H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
+):  # fmt: skip
+    """Dims ``pid(1) * W ..`` of (token, head tile) ``pid(0)``: the splits' partials rescaled to
+    their common max and summed in split order, then the epilogue."""
+    TILES: tl.constexpr = (H + HT - 1) // HT
+    pid = tl.program_id(0)
+    d0 = tl.program_id(1) * W
+    token = pid // TILES
+    hh = tl.arange(0, HT)
+    heads = (pid % TILES) * HT + hh
+    head_ok = heads < H
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    first = pid.to(tl.int64) * SPLITS
+    m_i = tl.full((HT,), -float("inf"), tl.float32)
+    for t in tl.static_range(SPLITS):
+        m_i = tl.maximum(m_i, tl.load(part_stat_ptr + (first + t) * (2 * HT) + hh))
+    m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
+    l_i = tl.zeros((HT,), tl.float32)
+    acc = tl.zeros((HT, W), tl.float32)
+    cols = d0 + tl.arange(0, W)
+    for t in tl.static_range(SPLITS):
+        stat = part_stat_ptr + (first + t) * (2 * HT) + hh
+        w = tl.exp2(tl.load(stat) - m_ref)
+        l_i += w * tl.load(stat + HT)
+        part = tl.load(part_o_ptr + ((first + t) * HT + hh[:, None]) * _HEAD_DIM + cols[None, :])
+        acc += w[:, None] * part
+    _epilogue_tl(
+        acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink_ptr, cos_ptr, sin_ptr,
+        xo_ptr, codes_ptr, lse_ptr, H, G, HT, W,
+    )  # fmt: skip
+
+
+def attention_splits(tokens: int, heads: int, keys: int, sms: int) -> tuple[int, int]:
+    """``(splits, keys_per_split)``: split the keys (in ``KEY_BLOCK`` steps) until the attention
+    launch has ``PROGRAMS_PER_SM`` programs a SM (1 split once the tokens alone fill the GPU)."""
+    tiles = tokens * -(-heads // HEAD_TILE)
+    blocks = max(1, -(-keys // KEY_BLOCK))
+    wanted = min(blocks, max(1, -(-PROGRAMS_PER_SM * sms // tiles)))
+    return _even_splits(keys, wanted)
+
+
+def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
+    """``wanted`` splits of the key table in whole key blocks -> ``(splits, keys_per_split)``."""
+    keys_per_split = max(1, -(-keys // (wanted * KEY_BLOCK))) * KEY_BLOCK
+    return max(1, -(-keys // keys_per_split)), keys_per_split
+
+
+def _check(
+    name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], shape: tuple[int, ...]
+) -> None:
+    if t.dtype not in dtypes or tuple(t.shape) != shape:
+        want = " or ".join(str(x).removeprefix("torch.") for x in dtypes)
+        raise ValueError(
+            f"{name}: expected {want} {list(shape)}, "
+            f"got {str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+
+
+def mega_attention(
+    q_fused: torch.Tensor,
+    positions: torch.Tensor,
+    key_table: torch.Tensor,
+    window_cache: PagedKVCache,
+    compressed_cache: PagedKVCache | None,
+    attn_sink: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    softmax_scale: float,
+    heads_per_group: int = 8,
+    splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
+
+    Arguments (``H`` = the rank's heads, ``M`` tokens, one device):
+
+    - ``q_fused`` bf16 ``[M, H * 512]``: q in the fused Q layout, not yet RoPE'd;
+    - ``positions`` int32 / int64 ``[M]``: each token's position (RoPE of q and o);
+    - ``key_table`` int32 ``[M, KEYS]``: ``slot | 1 << 31`` a compressed-cache row, a
+      window-cache slot otherwise; -1, and any entry outside its cache, is no key;
+    - ``window_cache`` / ``compressed_cache``: paged record caches of one format
+      (``compressed_cache`` None: no compressed entry is valid);
+    - ``attn_sink`` fp32 ``[H]``: sink logit per head; -inf is no sink, +inf sends all
+      weight to the sink (o = 0);
+    - ``cos`` / ``sin`` fp32 ``[max_position, 32]``: the layer's RoPE tables;
+    - ``splits``: key-table splits (whole blocks of 16 keys, so at most this many) a (token, head
+      tile) uses; None picks enough to fill the GPU.
+
+    Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
+    ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
+    ``g * G + e``, dim ``c * 32 + j``), ``xo_codes`` uint8 ``[M, H * 16]`` (its E8M0
+    code at ``g * G * 16 + c * G + e``) and ``lse`` fp32 ``[M, H]`` (natural log,
+    -inf for a head with no valid key, whose o is 0).
+    """
+    if q_fused.dim() != 2 or q_fused.shape[1] % HEAD_DIM:
+        raise ValueError(
+            f"q_fused: expected bfloat16 [M, heads * {HEAD_DIM}], "
+            f"got {q_fused.dtype} {list(q_fused.shape)}"
+        )
+    tokens, heads = q_fused.shape[0], q_fused.shape[1] // HEAD_DIM
+    device = q_fused.device
+    _check("q_fused", q_fused, (torch.bfloat16,), (tokens, heads * HEAD_DIM))
+    _check("positions", positions, (torch.int32, torch.int64), (tokens,))
+    if key_table.dim() != 2:
+        raise ValueError(
+            f"key_table: expected int32 [M, KEYS], got {key_table.dtype} {list(key_table.shape)}"
+        )
+    _check("key_table", key_table, (torch.int32,), (tokens, key_table.shape[1]))
+    _check("attn_sink", attn_sink, (torch.float32,), (heads,))
+    _check("cos", cos, (torch.float32,), (cos.shape[0], ROPE_DIM // 2))
+    _check("sin", sin, (torch.float32,), tuple(cos.shape))
+    if heads_per_group <= 0 or heads % heads_per_group:
+        raise ValueError(
+            f"heads_per_group: expected a divisor of the {heads} heads, got {heads_per_group}"
+        )
+    if compressed_cache is not None and compressed_cache.fmt != window_cache.fmt:
+        raise ValueError(
+            f"compressed_cache: expected the window cache's record format {window_cache.fmt.name}, "
+            f"got {compressed_cache.fmt.name}"
+        )
+    named = {"positions": positions, "key_table": key_table, "attn_sink": attn_sink, "cos": cos,
+             "sin": sin, "window_cache": window_cache.data}  # fmt: skip
+    if compressed_cache is not None:
+        named["compressed_cache"] = compressed_cache.data
+    for name, t in named.items():
+        if t.device != device:
+            raise ValueError(
+                f"{name}: expected a tensor on {device} (q_fused's device), got {t.device}"
+            )
+
+    keys = key_table.shape[1]
+    blocks = max(1, -(-keys // KEY_BLOCK))
+    if splits is None:
+        splits, keys_per_split = attention_splits(tokens, heads, keys, sm_count(device))
+    elif 1 <= splits <= blocks:
+        splits, keys_per_split = _even_splits(keys, splits)
+    else:
+        raise ValueError(
+            f"splits: expected 1 .. {blocks} (blocks of {KEY_BLOCK} keys), got {splits}"
+        )
+    tiles = tokens * -(-heads // HEAD_TILE)
+    xo = torch.empty(tokens, heads * HEAD_DIM, dtype=E4M3, device=device)
+    xo_codes = torch.empty(tokens, heads * HEAD_DIM // MX_BLOCK, dtype=torch.uint8, device=device)
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device=device)
+    if tokens == 0:
+        return xo, xo_codes, lse
+    parts = tiles * splits * HEAD_TILE if splits > 1 else 0
+    part_o = torch.empty(parts, HEAD_DIM, dtype=torch.float32, device=device)
+    part_stat = torch.empty(2 * parts, dtype=torch.float32, device=device)
+    comp = compressed_cache if compressed_cache is not None else window_cache
+    xo_bytes = xo.view(torch.uint8)
+    mega_attention_kernel[(tiles, splits)](
+        q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
+        xo_bytes, xo_codes, lse, part_o, part_stat,
+        window_cache.num_slots, 0 if compressed_cache is None else compressed_cache.num_slots,
+        cos.shape[0], softmax_scale * LOG2_E,
+        H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
+        WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
+        KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
+        num_warps=4,
+    )  # fmt: skip
+    if splits > 1:
+        mega_attention_combine_kernel[(tiles, HEAD_DIM // COMBINE_CHUNK)](
+            positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
+            cos.shape[0],
+            H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK, num_warps=4,
+        )  # fmt: skip
+    return xo, xo_codes, lse

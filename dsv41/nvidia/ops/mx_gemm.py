@@ -1,0 +1,440 @@
+"""MXFP8 GEMM for small M: ``out = dequant(a8) @ dequant(w)^T``, fp32 accumulate, bf16 out.
+
+SPEC §2 and §3.
+
+One kernel serves every projection of the step. The weight is e4m3 ``[N, K]``
+with per-row E8M0 codes ``[N, K / 32]`` (``LayerWeights``); the activation
+``a`` reaches the dot as the exact value of its MXFP8 form, from one of three
+prologues (``A_MODE``):
+
+- ``A_MX``: e4m3 values ``[M, K]`` and codes ``[M, K / 32]`` (qr8, xo, z8);
+- ``A_CAST``: bf16 ``[M, K]`` cast to MXFP8 in the prologue (x for Wqkv);
+- ``A_O``: a bf16 standard-layout attention output ``o [M, heads, 512]`` read
+  through the fused O layout of ``wo_a``'s columns, inverse-RoPE'd at the
+  token's position, rounded to bf16 and cast to MXFP8 (the fused WO-A kernel).
+
+Grouped GEMMs (``wo_a``) give each group of ``N_PER_GROUP`` output rows its
+own ``K`` columns of ``a``: ``out[:, g * Ng + n] = a[:, g * K : (g + 1) * K] @
+w[g * Ng + n]``. At M <= 48 the GEMM is a weight stream, so the grid is
+``(N / BLOCK_N) x SPLIT_K`` programs (>= ~2 a SM); with ``SPLIT_K > 1`` each
+program writes an fp32 partial and the last of a tile's programs to arrive
+(an acq_rel ticket that it resets, so the launch is CUDA-graph safe) sums the
+partials in split order and runs the epilogue: bf16 out and, with
+``QUANT_OUT``, the MXFP8 cast of that bf16 tile (``BLOCK_N`` a multiple of 32).
+Products of MXFP8 values are exact in bf16 and tf32, so the dot runs on bf16
+operands on the GPU and on fp32 operands under the interpreter (whose bf16
+dot is broken); both accumulate in fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41.common.mx import (
+    E4M3,
+    MX_BLOCK,
+    bf16_round_tl,
+    mx_dequantize_tl,
+    mx_quantize_tl,
+)
+from dsv41.common.rope import rope_pair_tl
+
+A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
+A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
+A_O = tl.constexpr(2)  # a is a standard-layout bf16 o: inverse RoPE + fused O columns + cast
+_MX = tl.constexpr(MX_BLOCK)  # 32
+O_CHUNK = 32  # head dims per fused O chunk (one MX block)
+_O_CHUNK = tl.constexpr(O_CHUNK)
+DEFAULT_SMS = 8  # the "SM count" the interpreter plans for, so tiny tests still split K
+PROGRAMS_PER_SM = 2  # a weight stream needs loads in flight on every SM
+BLOCK_K_MAX = 256  # K columns a step loads: 8 KB of a 32-row weight tile
+# The A_O prologue holds a gathered o tile and its RoPE operands: 128 columns keep it in
+# registers (256 spills at 32 tokens on SM90).
+O_PROLOGUE_BLOCK_K = 128
+
+
+def interpreting() -> bool:
+    """Kernels run under the Triton interpreter (CPU tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _mx_tile(
+    v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """``values * 2^(code - 127)`` of MXFP8 ``rows`` x columns ``k0 .. k0 + BLOCK_K``, fp32."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    kc = k0 // _MX + tl.arange(0, BLOCK_K // _MX)
+    v = tl.load(v_ptr + rows[:, None] * stride_v + k[None, :], mask=row_ok[:, None], other=0.0)
+    c = tl.load(c_ptr + rows[:, None] * stride_c + kc[None, :], mask=row_ok[:, None], other=0)
+    return mx_dequantize_tl(v, c.to(tl.int32), BLOCK_R, BLOCK_K)
+
+
+@triton.jit
+def _mx_round(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``dequant(mxfp8(x))`` of an fp32 tile whose 32-column blocks are MX blocks."""
+    v, c = mx_quantize_tl(x, BLOCK_M, BLOCK_K)
+    return mx_dequantize_tl(v, c, BLOCK_M, BLOCK_K)
+
+
+@triton.jit
+def o_fused_tile_tl(o_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_om,
+                    G: tl.constexpr, HEAD_DIM: tl.constexpr, NOPE: tl.constexpr,
+                    HALF_ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """Fused columns ``k0 ..`` of group ``group``: column ``(c * G + h) * 32 + j`` is o's head
+    ``group * G + h``, dim ``c * 32 + j``; inverse-RoPE'd (``v0 c + v1 s``, ``v1 c - v0 s``), bf16.
+
+    Read as ``[BLOCK_M, chunks, 32]`` so each chunk is one contiguous 64-byte run of o;
+    a chunk is all nope or all rope dims, and its pairs are split in registers.
+    """
+    CHUNKS: tl.constexpr = BLOCK_K // _O_CHUNK
+    chunk = k0 // _O_CHUNK + tl.arange(0, CHUNKS)
+    dim0 = (chunk // G) * _O_CHUNK  # first dim of each chunk within its head
+    run = (group * G + chunk % G) * HEAD_DIM + dim0
+    j = tl.arange(0, _O_CHUNK)
+    at = rows[:, None, None] * stride_om + run[None, :, None] + j[None, None, :]
+    v = tl.load(o_ptr + at, mask=row_ok[:, None, None], other=0.0).to(tl.float32)
+    v0, v1 = tl.split(tl.reshape(v, (BLOCK_M, CHUNKS, _O_CHUNK // 2, 2)))
+    is_rope = (dim0 >= NOPE)[None, :, None]
+    pair = tl.where(dim0 >= NOPE, (dim0 - NOPE) // 2, 0)[:, None] + tl.arange(0, _O_CHUNK // 2)[None, :]
+    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    trig = pos[:, None, None] * HALF_ROPE + pair[None, :, :]
+    c = tl.load(cos_ptr + trig, mask=row_ok[:, None, None] & is_rope, other=1.0)
+    s = tl.load(sin_ptr + trig, mask=row_ok[:, None, None] & is_rope, other=0.0)
+    r0, r1 = rope_pair_tl(v0, v1, c, s, True)
+    return bf16_round_tl(tl.reshape(tl.join(r0, r1), (BLOCK_M, BLOCK_K)))
+
+
+@triton.jit(do_not_specialize=["M"])
+def mx_gemm_kernel(
+    a_ptr,
+    a_codes_ptr,
+    w_ptr,
+    w_codes_ptr,
+    out_ptr,
+    out8_ptr,
+    out8_codes_ptr,
+    part_ptr,
+    ticket_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    M,
+    stride_am,
+    stride_acm,
+    stride_om,
+    stride_o8m,
+    stride_o8cm,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    N_PER_GROUP: tl.constexpr,
+    A_MODE: tl.constexpr,
+    QUANT_OUT: tl.constexpr,
+    DOT_BF16: tl.constexpr,
+    G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NOPE: tl.constexpr,
+    HALF_ROPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    K_SPLIT: tl.constexpr = K // SPLIT_K
+    n0 = pid_n * BLOCK_N
+    group = n0 // N_PER_GROUP
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    kk = tl.arange(0, BLOCK_K)
+    n64 = n.to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
+        k = k0 + kk
+        w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K)
+        if A_MODE == A_MX:
+            a = _mx_tile(
+                a_ptr,
+                a_codes_ptr,
+                rows,
+                row_ok,
+                stride_am,
+                stride_acm,
+                group * K + k0,
+                BLOCK_M,
+                BLOCK_K,
+            )
+        elif A_MODE == A_CAST:
+            x = tl.load(
+                a_ptr + rows[:, None] * stride_am + k[None, :], mask=row_ok[:, None], other=0.0
+            )
+            a = _mx_round(x.to(tl.float32), BLOCK_M, BLOCK_K)
+        else:
+            o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
+                                G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
+            a = _mx_round(o, BLOCK_M, BLOCK_K)
+        if DOT_BF16:
+            acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
+        else:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+
+    out_ok = row_ok[:, None] & n_ok[None, :]
+    last = True
+    if SPLIT_K > 1:
+        part_at = part_ptr + rows[:, None] * N + n[None, :]
+        tl.store(part_at + pid_k * M * N, acc, mask=out_ok)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        ticket = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        last = ticket == SPLIT_K - 1
+        if last:
+            tl.debug_barrier()
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                acc += tl.load(part_at + s * M * N, mask=out_ok, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed", scope="gpu")
+    if last:
+        out = bf16_round_tl(acc)
+        tl.store(out_ptr + rows[:, None] * stride_om + n[None, :], out.to(tl.bfloat16), mask=out_ok)
+        if QUANT_OUT:
+            v, c = mx_quantize_tl(out, BLOCK_M, BLOCK_N)
+            tl.store(out8_ptr + rows[:, None] * stride_o8m + n[None, :], v, mask=out_ok)
+            cn = n0 // _MX + tl.arange(0, BLOCK_N // _MX)
+            tl.store(
+                out8_codes_ptr + rows[:, None] * stride_o8cm + cn[None, :],
+                c.to(tl.uint8),
+                mask=row_ok[:, None] & (cn < N // _MX)[None, :],
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device; ``DEFAULT_SMS`` for the interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SMS
+
+
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256, 512)  # decode, then prefill token counts
+
+
+def bucket_for(m: int) -> int:
+    """The token bucket whose kernel variants serve ``m`` tokens: the smallest >= m (else m)."""
+    return next((b for b in M_BUCKETS if b >= m), m)
+
+
+def block_m_for(m: int) -> int:
+    """Rows of a tile: 16 (the smallest MMA) up to 64, the next power of two >= m."""
+    return min(64, max(16, triton.next_power_of_2(m)))
+
+
+def gemm_config(
+    m: int, n: int, k: int, *, n_per_group: int, quant_out: bool, sms: int,
+    block_k_max: int = BLOCK_K_MAX,
+) -> GemmConfig:  # fmt: skip
+    """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
+
+    A function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves.
+    """
+    m = bucket_for(m)
+    block_m = block_m_for(m)
+    block_n = 32 if quant_out or n_per_group % 64 else 64
+    if triton.cdiv(n, block_n) < PROGRAMS_PER_SM * sms and not quant_out and n_per_group % 16 == 0:
+        block_n = 16 if n_per_group % 32 else 32
+    block_k = block_k_max  # the largest power of two <= block_k_max dividing K (K % 32 == 0)
+    while k % block_k:
+        block_k //= 2
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    split_k = 1
+    steps = k // block_k
+    while tiles * split_k < PROGRAMS_PER_SM * sms and steps % (split_k * 2) == 0:
+        split_k *= 2
+    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4 if block_m <= 32 else 8)
+
+
+class Scratch:
+    """Split-K scratch of one device: fp32 partials and self-resetting tickets, grown on demand.
+
+    Tickets start at 0 and the last program of a tile puts its ticket back to 0,
+    so the buffers are reused by every launch (and by CUDA-graph replays) with
+    no memset. Grow it before capturing a graph (a warm-up step does).
+    """
+
+    def __init__(self):
+        self.part = torch.empty(0)
+        self.tickets = torch.empty(0)
+        self._retired: list[torch.Tensor] = []  # outgrown buffers a captured graph may still use
+
+    def get(
+        self, part_numel: int, tickets: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partials (fp32, >= part_numel) and tickets (int32 zeros, >= tickets) on ``device``."""
+        if self.part.device != device or self.part.numel() < part_numel:
+            self._retired.append(self.part)
+            self.part = torch.empty(max(part_numel, 1), dtype=torch.float32, device=device)
+        if self.tickets.device != device or self.tickets.numel() < tickets:
+            self._retired.append(self.tickets)
+            self.tickets = torch.zeros(max(tickets, 1), dtype=torch.int32, device=device)
+        return self.part, self.tickets
+
+
+_SCRATCH: dict[str, Scratch] = {}
+
+
+def scratch_for(name: str) -> Scratch:
+    """The module-level scratch of one GEMM site (sites run one after another on a stream)."""
+    return _SCRATCH.setdefault(name, Scratch())
+
+
+def _check(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    if t.dtype != dtype or tuple(t.shape) != shape:
+        raise ValueError(
+            f"{name}: expected {str(dtype).removeprefix('torch.')} {list(shape)}, "
+            f"got {str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+        )
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: expected a unit stride along the last dim, got {t.stride()}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OInput:
+    """A standard-layout bf16 attention output for the ``A_O`` prologue."""
+
+    o: torch.Tensor  # bf16 [M, heads, head_dim], not yet inverse-RoPE'd
+    positions: torch.Tensor  # [M] int
+    cos: torch.Tensor  # fp32 [max_position, rope_dim / 2]
+    sin: torch.Tensor
+    nope: int  # 448
+    heads_per_group: int  # 8
+
+
+def mx_gemm(
+    a: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | OInput,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    out8: tuple[torch.Tensor, torch.Tensor] | None = None,
+    n_per_group: int | None = None,
+    scratch: Scratch | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
+
+    ``a``: bf16 ``[M, G K]`` (cast in the prologue), ``(values e4m3 [M, G K],
+    codes uint8 [M, G K / 32])``, or an ``OInput`` (fused WO-A); ``G = N /
+    n_per_group`` groups (1 unless grouped). ``w`` e4m3 ``[N, K]``, ``w_scale``
+    uint8 ``[N, K / 32]``. ``out8 = (values e4m3 [M, N], codes uint8 [M, N /
+    32])``, when given, receives the MXFP8 cast of the bf16 out.
+    """
+    n, k = w.shape
+    _check("w", w, E4M3, (n, k))
+    _check("w_scale", w_scale, torch.uint8, (n, k // MX_BLOCK))
+    n_per_group = n if n_per_group is None else n_per_group
+    if n % n_per_group:
+        raise ValueError(f"n_per_group: expected a divisor of N = {n}, got {n_per_group}")
+    groups = n // n_per_group
+    dev = w.device
+    cos = sin = pos = None
+    geo = {"G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1}
+    if isinstance(a, OInput):
+        m = a.o.shape[0]
+        hd = a.o.shape[-1]
+        _check("o", a.o, torch.bfloat16, (m, groups * a.heads_per_group, hd))
+        if a.heads_per_group * hd != k:
+            raise ValueError(
+                f"o: expected heads_per_group * head_dim = K = {k}, got {a.heads_per_group} * {hd}"
+            )
+        mode, a_val, a_codes, stride_am, stride_acm = A_O, a.o, a.o, a.o.stride(0), 0
+        pos, cos, sin = a.positions, a.cos, a.sin
+        geo = {"G": a.heads_per_group, "HEAD_DIM": hd, "NOPE": a.nope, "HALF_ROPE": a.cos.shape[1]}
+    elif isinstance(a, tuple):
+        a_val, a_codes = a
+        m = a_val.shape[0]
+        _check("a values", a_val, E4M3, (m, groups * k))
+        _check("a codes", a_codes, torch.uint8, (m, groups * k // MX_BLOCK))
+        mode, stride_am, stride_acm = A_MX, a_val.stride(0), a_codes.stride(0)
+    else:
+        m = a.shape[0]
+        _check("a", a, torch.bfloat16, (m, k))
+        if groups != 1:
+            raise ValueError(f"a: a bf16 activation is cast for one group, got {groups} groups")
+        mode, a_val, a_codes, stride_am, stride_acm = A_CAST, a, a, a.stride(0), 0
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    _check("out", out, torch.bfloat16, (m, n))
+    quant = out8 is not None
+    if quant:
+        _check("out8 values", out8[0], E4M3, (m, n))
+        _check("out8 codes", out8[1], torch.uint8, (m, n // MX_BLOCK))
+    cfg = config or gemm_config(
+        m, n, k, n_per_group=n_per_group, quant_out=quant, sms=sm_count(dev),
+        block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
+    )  # fmt: skip
+    if (
+        n_per_group % cfg.block_n
+        or k % (cfg.block_k * cfg.split_k)
+        or (quant and cfg.block_n % MX_BLOCK)
+    ):
+        raise ValueError(f"config: {cfg} does not tile N per group {n_per_group}, K {k}")
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
+    if cfg.split_k > 1:
+        part, tickets = (scratch or scratch_for("default")).get(
+            cfg.split_k * m * n, grid[0] * grid[2], dev
+        )
+    else:
+        part = tickets = out
+    o8v, o8c = out8 if quant else (out, out)
+    mx_gemm_kernel[grid](
+        a_val,
+        a_codes,
+        w,
+        w_scale,
+        out,
+        o8v,
+        o8c,
+        part,
+        tickets,
+        pos if pos is not None else out,
+        cos if cos is not None else out,
+        sin if sin is not None else out,
+        m,
+        stride_am,
+        stride_acm,
+        out.stride(0),
+        o8v.stride(0),
+        o8c.stride(0),
+        N=n,
+        K=k,
+        N_PER_GROUP=n_per_group,
+        A_MODE=mode,
+        QUANT_OUT=quant,
+        DOT_BF16=not interpreting(),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **geo,
+    )
+    return out

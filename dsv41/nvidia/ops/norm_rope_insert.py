@@ -1,0 +1,162 @@
+"""After Wqkv, a program a token: RMSNorms, RoPE on kv, record insert, MXFP8 of qr (SPEC §2.2-2.4).
+
+``qr = rmsnorm(qkv[:q_rank]) * q_norm`` and ``kv = rmsnorm(qkv[q_rank:]) *
+kv_norm`` in fp32, each rounded to bf16; kv's dims ``nope..`` turn forward by
+the token's position (GPT-J pairs, then bf16 again) and the record goes into
+the window cache at ``slot_mapping`` (a slot outside the cache is skipped);
+``qr`` leaves as MXFP8 (values + codes), the activation of ``wq_b``. The pair
+partner of a rope dim is normalized from its own load with the same
+``rsqrt`` factor, so it is bit-identical to the value the partner's lane holds.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41.common.kv_cache import PagedKVCache
+from dsv41.common.kv_records_tl import fmt_id, store_record_tl
+from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
+from dsv41.common.rope import rope_pair_tl
+
+
+@triton.jit
+def _rms_factor(x, n: tl.constexpr, eps):
+    """``1 / sqrt(mean(x^2) + eps)`` over the first n lanes (the rest are 0)."""
+    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+
+
+@triton.jit
+def norm_rope_insert_kernel(
+    qkv_ptr,
+    q_norm_ptr,
+    kv_norm_ptr,
+    pos_ptr,
+    slot_ptr,
+    cos_ptr,
+    sin_ptr,
+    cache_ptr,
+    kv_ptr,
+    qr8_ptr,
+    qr8_codes_ptr,
+    num_slots,
+    eps,
+    stride_qkv,
+    stride_kv,
+    stride_qr8,
+    stride_qr8c,
+    Q_RANK: tl.constexpr,
+    Q_PAD: tl.constexpr,
+    KV_DIM: tl.constexpr,
+    NOPE: tl.constexpr,
+    HALF_ROPE: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
+    FMT: tl.constexpr,
+):
+    """qr8 = mxfp8(bf16(rmsnorm(q) q_norm)); kv = bf16(rope(bf16(rmsnorm(kv) kv_norm))) -> cache."""
+    t = tl.program_id(0)
+    row = qkv_ptr + t.to(tl.int64) * stride_qkv
+    # q half: norm, bf16, MXFP8.
+    dq = tl.arange(0, Q_PAD)
+    q_ok = dq < Q_RANK
+    q = tl.load(row + dq, mask=q_ok, other=0.0).to(tl.float32)
+    qn = (
+        q
+        * _rms_factor(q, Q_RANK, eps)
+        * tl.load(q_norm_ptr + dq, mask=q_ok, other=0.0).to(tl.float32)
+    )
+    qn = bf16_round_tl(qn)
+    v, c = mx_quantize_tl(tl.reshape(qn, (1, Q_PAD)), 1, Q_PAD)
+    tl.store(qr8_ptr + t.to(tl.int64) * stride_qr8 + dq, tl.reshape(v, (Q_PAD,)), mask=q_ok)
+    g = tl.arange(0, Q_PAD // 32)
+    tl.store(
+        qr8_codes_ptr + t.to(tl.int64) * stride_qr8c + g,
+        tl.reshape(c, (Q_PAD // 32,)).to(tl.uint8),
+        mask=g < Q_RANK // 32,
+    )
+    # kv half: norm, bf16, RoPE on nope.., bf16, insert.
+    d = tl.arange(0, KV_DIM)
+    p = d ^ 1
+    kv = tl.load(row + Q_RANK + d).to(tl.float32)
+    scale = _rms_factor(kv, KV_DIM, eps)
+    kv = bf16_round_tl(kv * scale * tl.load(kv_norm_ptr + d).to(tl.float32))
+    partner = tl.load(row + Q_RANK + p).to(tl.float32)
+    partner = bf16_round_tl(partner * scale * tl.load(kv_norm_ptr + p).to(tl.float32))
+    is_rope = d >= NOPE
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    pair = tl.where(is_rope, (d - NOPE) // 2, 0)
+    cs = tl.load(cos_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=1.0)
+    sn = tl.load(sin_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=0.0)
+    even = d % 2 == 0
+    r0, r1 = rope_pair_tl(tl.where(even, kv, partner), tl.where(even, partner, kv), cs, sn, False)
+    kv = bf16_round_tl(tl.where(is_rope, tl.where(even, r0, r1), kv))
+    tl.store(kv_ptr + t.to(tl.int64) * stride_kv + d, kv.to(tl.bfloat16))
+    slot = tl.load(slot_ptr + t + tl.arange(0, 1)).to(tl.int64)
+    store_record_tl(cache_ptr, slot, tl.reshape(kv, (1, KV_DIM)), num_slots, BLOCK_TOKENS, FMT)
+
+
+def norm_rope_insert(
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    kv_norm: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    window_cache: PagedKVCache,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    eps: float,
+    nope: int,
+    kv: torch.Tensor,
+    qr8: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """Fill ``kv`` bf16 [M, 512] and ``qr8`` (e4m3 [M, q_rank], uint8 [M, q_rank/32]); insert kv.
+
+    ``qkv`` bf16 [M, q_rank + kv_dim] (the Wqkv output); ``positions`` /
+    ``slot_mapping`` [M] int; ``cos`` / ``sin`` fp32 [max_position, rope_dim/2].
+    """
+    m = qkv.shape[0]
+    q_rank, kv_dim = q_norm.shape[0], kv_norm.shape[0]
+    expect = {
+        "qkv": (qkv, torch.bfloat16, (m, q_rank + kv_dim)),
+        "kv": (kv, torch.bfloat16, (m, kv_dim)),
+        "qr8 values": (qr8[0], E4M3, (m, q_rank)),
+        "qr8 codes": (qr8[1], torch.uint8, (m, q_rank // MX_BLOCK)),
+    }
+    for name, (t, dtype, shape) in expect.items():
+        if t.dtype != dtype or tuple(t.shape) != shape or t.stride(-1) != 1:
+            raise ValueError(
+                f"{name}: expected {dtype} {list(shape)} (unit last stride), "
+                f"got {t.dtype} {list(t.shape)}"
+            )
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
+        if tuple(t.shape) != (m,):
+            raise ValueError(f"{name}: expected [{m}], got {list(t.shape)}")
+    norm_rope_insert_kernel[(m,)](
+        qkv,
+        q_norm,
+        kv_norm,
+        positions,
+        slot_mapping,
+        cos,
+        sin,
+        window_cache.data,
+        kv,
+        qr8[0],
+        qr8[1],
+        window_cache.num_slots,
+        eps,
+        qkv.stride(0),
+        kv.stride(0),
+        qr8[0].stride(0),
+        qr8[1].stride(0),
+        Q_RANK=q_rank,
+        Q_PAD=triton.next_power_of_2(q_rank),
+        KV_DIM=kv_dim,
+        NOPE=nope,
+        HALF_ROPE=cos.shape[1],
+        BLOCK_TOKENS=window_cache.block,
+        FMT=fmt_id(window_cache.fmt),
+        num_warps=4,
+    )

@@ -1,0 +1,279 @@
+"""The NVIDIA backend's layer step: six launches, no host sync, no shuffle kernel (SPEC §2, §6).
+
+1. ``mx_gemm`` (A_CAST): ``qkv = mxfp8(x) @ Wqkv^T``, the cast of x in the prologue;
+2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;
+3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are);
+4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
+   ``xo`` in the fused O layout;
+5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
+6. ``mx_gemm`` (A_MX): ``y = z8 @ Wo_b^T``, this rank's bf16 partial.
+
+Every launch takes device tensors only, so a step is capturable in one CUDA
+graph: ``NvidiaStepRunner`` holds the inputs and outputs at fixed addresses,
+captures a step and replays it. Split-K scratch is per runner and never freed
+while a graph may use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from dsv41.common.kv_cache import PagedKVCache
+from dsv41.common.mx import E4M3, MX_BLOCK
+from dsv41.common.rope import rope_tables
+from dsv41.common.weights import LayerWeights
+from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
+from dsv41.nvidia.ops.mx_gemm import Scratch, bucket_for, mx_gemm, scratch_for, sm_count
+from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
+
+STEP_SEAMS = ("qkv", "kv", "q", "xo", "lse", "z", "z8", "y")
+GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
+
+
+@dataclasses.dataclass
+class StepBuffers:
+    """Outputs of the GEMM-side launches for up to ``rows`` tokens (attention allocates its own)."""
+
+    qkv: torch.Tensor  # bf16 [rows, q_rank + kv_dim]
+    kv: torch.Tensor  # bf16 [rows, 512]: normed, RoPE'd, inserted
+    qr8: tuple[torch.Tensor, torch.Tensor]  # e4m3 [rows, q_rank], uint8 [rows, q_rank/32]
+    q: torch.Tensor  # bf16 [rows, heads*512], fused Q layout, before RoPE
+    z: torch.Tensor  # bf16 [rows, groups*o_rank]
+    z8: tuple[
+        torch.Tensor, torch.Tensor
+    ]  # e4m3 [rows, groups*o_rank], uint8 [rows, groups*o_rank/32]
+    y: torch.Tensor  # bf16 [rows, hidden]
+
+    @classmethod
+    def allocate(cls, layer: LayerWeights, rows: int, device) -> StepBuffers:
+        m, d = layer.dims.model, layer.dims
+
+        def t(cols: int, dtype=torch.bfloat16) -> torch.Tensor:
+            return torch.empty(rows, cols, dtype=dtype, device=device)
+
+        return cls(
+            qkv=t(m.qkv_rows),
+            kv=t(m.kv_dim),
+            qr8=(t(m.q_rank, E4M3), t(m.q_rank // MX_BLOCK, torch.uint8)),
+            q=t(d.q_rows),
+            z=t(d.o_rows),
+            z8=(t(d.o_rows, E4M3), t(d.o_rows // MX_BLOCK, torch.uint8)),
+            y=t(m.hidden),
+        )
+
+    def rows(self, m: int) -> StepBuffers:
+        """Views of the first ``m`` rows of every buffer."""
+
+        def head(v):
+            return tuple(t[:m] for t in v) if isinstance(v, tuple) else v[:m]
+
+        return StepBuffers(**{f.name: head(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+
+def _check_inputs(layer: LayerWeights, x, positions, slot_mapping, key_table, window_cache) -> None:
+    model = layer.dims.model
+    m = x.shape[0]
+    if x.dtype != torch.bfloat16 or tuple(x.shape) != (m, model.hidden):
+        raise ValueError(f"x: expected bfloat16 [M, {model.hidden}], got {x.dtype} {list(x.shape)}")
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
+        if tuple(t.shape) != (m,) or t.dtype.is_floating_point:
+            raise ValueError(f"{name}: expected an int tensor [{m}], got {t.dtype} {list(t.shape)}")
+    if key_table.dtype != torch.int32 or key_table.dim() != 2 or key_table.shape[0] != m:
+        raise ValueError(
+            f"key_table: expected int32 [{m}, KEYS], got {key_table.dtype} {list(key_table.shape)}"
+        )
+    if not isinstance(window_cache, PagedKVCache):
+        raise TypeError(f"window_cache: expected a PagedKVCache, got {type(window_cache).__name__}")
+    devices = {
+        t.device for t in (x, positions, slot_mapping, key_table, window_cache.data, layer.wqkv)
+    }
+    if len(devices) != 1:
+        raise ValueError(
+            f"inputs: expected one device for x, positions, slot_mapping, key_table, "
+            f"the caches and the weights, got {sorted(map(str, devices))}"
+        )
+
+
+def launch_step(
+    layer: LayerWeights,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    key_table: torch.Tensor,
+    window_cache: PagedKVCache,
+    compressed_cache: PagedKVCache | None,
+    out: StepBuffers,
+    scratch: dict[str, Scratch],
+) -> dict:
+    """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
+    model = layer.dims.model
+    cos, sin = rope_tables(model, layer.layer_id, x.device)
+    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
+    norm_rope_insert(
+        out.qkv,
+        layer.q_norm,
+        layer.kv_norm,
+        positions,
+        slot_mapping,
+        window_cache,
+        cos,
+        sin,
+        eps=model.eps,
+        nope=model.nope_dim,
+        kv=out.kv,
+        qr8=out.qr8,
+    )
+    mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
+    # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
+    splits, _ = attention_splits(
+        bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
+    )
+    xo, xo_codes, lse = mega_attention(
+        out.q,
+        positions,
+        key_table,
+        window_cache,
+        compressed_cache,
+        layer.attn_sink,
+        cos,
+        sin,
+        softmax_scale=model.softmax_scale,
+        heads_per_group=model.heads_per_group,
+        splits=splits,
+    )
+    mx_gemm(
+        (xo, xo_codes),
+        layer.wo_a,
+        layer.wo_a_scale,
+        out=out.z,
+        out8=out.z8,
+        n_per_group=model.o_rank,
+        scratch=scratch["wo_a"],
+    )
+    mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
+    return {
+        "qkv": out.qkv,
+        "kv": out.kv,
+        "q": out.q,
+        "xo": (xo, xo_codes),
+        "lse": lse,
+        "z": out.z,
+        "z8": out.z8,
+        "y": out.y,
+    }
+
+
+def nvidia_step(
+    layer: LayerWeights,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    key_table: torch.Tensor,
+    window_cache: PagedKVCache,
+    compressed_cache: PagedKVCache | None = None,
+) -> dict:
+    """One decode step of one rank; inserts the new records into ``window_cache``.
+
+    Same arguments as ``reference_step``: ``x`` bf16 [M, hidden]; ``positions``
+    and ``slot_mapping`` [M] int (window-cache slots of the new tokens);
+    ``key_table`` int32 [M, KEYS] (``slot | 1 << 31`` compressed row, window
+    slot otherwise, -1 or out-of-cache = none). Returns the seams
+    ``qkv, kv, q`` (fused, before RoPE), ``xo`` (values, codes; fused O layout),
+    ``lse, z, z8`` (values, codes) and ``y`` (this rank's bf16 partial).
+    """
+    _check_inputs(layer, x, positions, slot_mapping, key_table, window_cache)
+    out = StepBuffers.allocate(layer, x.shape[0], x.device)
+    scratch = {site: scratch_for(site) for site in GEMM_SITES}
+    return launch_step(
+        layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache, out, scratch
+    )
+
+
+class NvidiaStepRunner:
+    """A layer step at fixed addresses for CUDA graphs: static inputs, preallocated outputs.
+
+    ``capture(...)`` copies the inputs into the runner's buffers, runs one eager
+    step (compiles kernels, sizes scratch) and captures the next into a graph;
+    ``replay(...)`` optionally copies new inputs of the same M and replays.
+    The caches are captured by address: a replay reads and writes the same ones.
+    """
+
+    def __init__(self, layer: LayerWeights, max_tokens: int):
+        model = layer.dims.model
+        dev = layer.wqkv.device
+        self.layer, self.max_tokens = layer, max_tokens
+        self.x = torch.zeros(max_tokens, model.hidden, dtype=torch.bfloat16, device=dev)
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.zeros(max_tokens, dtype=torch.int64, device=dev)
+        self.key_table = torch.full((max_tokens, model.keys), -1, dtype=torch.int32, device=dev)
+        self.buffers = StepBuffers.allocate(layer, max_tokens, dev)
+        self.scratch = {site: Scratch() for site in GEMM_SITES}
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.m = 0
+        self.outputs: dict = {}
+
+    def load(self, x, positions, slot_mapping, key_table) -> int:
+        """Copy a step's inputs into the static buffers; returns M."""
+        m = x.shape[0]
+        if not 1 <= m <= self.max_tokens:
+            raise ValueError(f"x: expected 1 <= M <= max_tokens = {self.max_tokens}, got {m}")
+        if key_table.shape[1] != self.key_table.shape[1]:
+            raise ValueError(
+                f"key_table: expected [M, {self.key_table.shape[1]}], got {list(key_table.shape)}"
+            )
+        self.x[:m].copy_(x)
+        self.positions[:m].copy_(positions)
+        self.slot_mapping[:m].copy_(slot_mapping)
+        self.key_table[:m].copy_(key_table)
+        return m
+
+    def run(
+        self, m: int, window_cache: PagedKVCache, compressed_cache: PagedKVCache | None
+    ) -> dict:
+        """Enqueue one step over the first ``m`` rows of the static inputs."""
+        return launch_step(
+            self.layer,
+            self.x[:m],
+            self.positions[:m],
+            self.slot_mapping[:m],
+            self.key_table[:m],
+            window_cache,
+            compressed_cache,
+            self.buffers.rows(m),
+            self.scratch,
+        )
+
+    def capture(
+        self,
+        x,
+        positions,
+        slot_mapping,
+        key_table,
+        window_cache: PagedKVCache,
+        compressed_cache: PagedKVCache | None = None,
+    ) -> dict:
+        """Capture one step of these inputs' M in a CUDA graph; returns its fixed-address seams."""
+        _check_inputs(self.layer, x, positions, slot_mapping, key_table, window_cache)
+        self.m = self.load(x, positions, slot_mapping, key_table)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self.run(self.m, window_cache, compressed_cache)  # compile, size the scratch
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = self.run(self.m, window_cache, compressed_cache)
+        return self.outputs
+
+    def replay(self, x=None, positions=None, slot_mapping=None, key_table=None) -> dict:
+        """Replay the captured step, after copying new inputs of the captured M when given."""
+        if self.graph is None:
+            raise RuntimeError("replay: nothing captured yet (call capture first)")
+        if x is not None:
+            if x.shape[0] != self.m:
+                raise ValueError(f"x: expected the captured M = {self.m} tokens, got {x.shape[0]}")
+            self.load(x, positions, slot_mapping, key_table)
+        self.graph.replay()
+        return self.outputs

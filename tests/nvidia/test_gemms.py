@@ -1,0 +1,245 @@
+"""The step's GEMM-side kernels against their reference seams (tiny geometry, interpreter on CPU).
+
+Seams: ``qkv = mx_linear(mxfp8(x), Wqkv)``, ``qr / kv`` = ``rmsnorm`` (+ ``apply_rope``
+and the record ``PagedKVCache.insert``), ``q = mx_linear(mxfp8(qr), Wq_b)``, the
+grouped ``z`` of wo_a with its MXFP8, ``y = mx_linear(z8, Wo_b)``. The kernels round to
+bf16 to nearest even themselves, so bf16 seams are bit-equal but for the odd
+rounding that fp32 accumulation order flips (within one bf16 step); the
+interpreter rounds f32 -> e4m3 differently at ties, so e4m3 values are compared
+to within one e4m3 step; E8M0 codes, computed from bits, must match exactly.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsv41.common.geometry import Dims
+from dsv41.common.kv_cache import PagedKVCache
+from dsv41.common.mx import E4M3, dequantize_weight, mxfp8_dequantize, mxfp8_quantize
+from dsv41.common.reference import mx_linear, rmsnorm
+from dsv41.common.rope import apply_rope, rope_tables
+from dsv41.common.weights import LayerWeights
+from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, bucket_for, gemm_config, mx_gemm
+from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
+
+BF16_STEP = 2.0**-7  # bf16 spacing relative to a value, at most
+E4M3_STEP = 2.0**-3
+
+
+@pytest.fixture(scope="module")
+def layer() -> LayerWeights:
+    lw = LayerWeights(Dims.of("tiny", 2), rank=1, layer_id=1)
+    lw.dummy_load(seed=7)
+    return lw
+
+
+def assert_bf16_close(got: torch.Tensor, want: torch.Tensor, exact: float = 0.99) -> None:
+    """Within one bf16 step of the reference (fp32 accumulation order may flip a rounding),
+    and bit-equal in at least ``exact`` of the elements."""
+    got, want = got.float(), want.float()
+    assert got.shape == want.shape
+    bound = BF16_STEP * want.abs() + 1e-3 * want.abs().max()
+    bad = (got - want).abs() > bound
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {bad.numel()} differ, max {(got - want).abs().max()}"
+    )
+    assert (got == want).float().mean() >= exact
+
+
+def assert_mx_close(
+    got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    """Codes equal; values within one e4m3 step."""
+    assert torch.equal(got[1], want[1]), f"codes differ in {int((got[1] != want[1]).sum())} groups"
+    g, w = got[0].float(), want[0].float()
+    assert ((g - w).abs() <= E4M3_STEP * w.abs() + 2.0**-9).all()
+
+
+def x_of(m: int, k: int, seed: int) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+@pytest.mark.parametrize("m", [1, 5, 48])
+def test_wqkv_casts_x_in_its_prologue(layer, m):
+    """Seam qkv: bf16 x in, ``mx_linear(mxfp8(x), Wqkv)`` out."""
+    x = x_of(m, layer.dims.model.hidden, m)
+    got = mx_gemm(x, layer.wqkv, layer.wqkv_scale)
+    assert_bf16_close(got, mx_linear(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale))
+
+
+def test_split_k_leaves_tickets_at_zero(layer):
+    """Forced split-K: same seam, and the tickets are back at 0 (graph replays need no memset)."""
+    x = x_of(3, layer.dims.model.hidden, 3)
+    scratch = Scratch()
+    cfg = GemmConfig(block_m=16, block_n=32, block_k=64, split_k=4)
+    got = mx_gemm(x, layer.wqkv, layer.wqkv_scale, scratch=scratch, config=cfg)
+    assert_bf16_close(got, mx_linear(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale))
+    assert scratch.tickets.numel() >= layer.wqkv.shape[0] // 32
+    assert not scratch.tickets.any()
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_wq_b_emits_fused_q(layer, m):
+    """Seam q (fused, before RoPE): ``mx_linear(mxfp8(qr), Wq_b)``."""
+    qr8 = mxfp8_quantize(x_of(m, layer.dims.model.q_rank, 10 + m))
+    got = mx_gemm(qr8, layer.wq_b, layer.wq_b_scale)
+    assert_bf16_close(got, mx_linear(qr8, layer.wq_b, layer.wq_b_scale))
+
+
+@pytest.mark.parametrize("m,split_k", [(1, 1), (5, 4)])
+def test_wo_a_grouped_with_z_quantized(layer, m, split_k):
+    """Seams z and z8: per group ``xo_g @ Wo_a_g^T`` in bf16, then its MXFP8 in the same launch."""
+    dims, model = layer.dims, layer.dims.model
+    xo = mxfp8_quantize(x_of(m, dims.heads * model.head_dim, 20 + m))
+    z8 = (
+        torch.empty(m, dims.o_rows, dtype=E4M3),
+        torch.empty(m, dims.o_rows // 32, dtype=torch.uint8),
+    )
+    cfg = GemmConfig(block_m=16, block_n=32, block_k=128, split_k=split_k)
+    z = mx_gemm(xo, layer.wo_a, layer.wo_a_scale, out8=z8, n_per_group=model.o_rank, config=cfg)
+    w = dequantize_weight(layer.wo_a, layer.wo_a_scale).view(
+        dims.groups, model.o_rank, dims.group_k
+    )
+    a = mxfp8_dequantize(*xo).view(m, dims.groups, dims.group_k)
+    want = torch.einsum("mgk,gnk->mgn", a, w).reshape(m, dims.o_rows).bfloat16()
+    assert_bf16_close(z, want)
+    assert_mx_close(z8, mxfp8_quantize(z))
+
+
+def test_wo_b(layer):
+    """Seam y: ``mx_linear(z8, Wo_b)``."""
+    z8 = mxfp8_quantize(x_of(5, layer.dims.o_rows, 30))
+    got = mx_gemm(z8, layer.wo_b, layer.wo_b_scale)
+    assert_bf16_close(got, mx_linear(z8, layer.wo_b, layer.wo_b_scale))
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])
+def test_norm_rope_insert(layer, fmt):
+    """Seams qr (as MXFP8), kv and the record insert; a slot outside the cache is skipped."""
+    model = layer.dims.model
+    m = 4
+    qkv = (3 * x_of(m, model.qkv_rows, 40).float()).bfloat16()
+    positions = torch.tensor([0, 5, 77, 1000])
+    cache = PagedKVCache(4, model.window_block, fmt)
+    cache.data.random_(0, 256, generator=torch.Generator().manual_seed(1))
+    slots = torch.tensor([3, 17, cache.num_slots, 40])  # the third is outside the cache
+    before = cache.data.clone()
+    cos, sin = rope_tables(model, layer.layer_id)
+    kv = torch.empty(m, model.kv_dim, dtype=torch.bfloat16)
+    qr8 = (
+        torch.empty(m, model.q_rank, dtype=E4M3),
+        torch.empty(m, model.q_rank // 32, dtype=torch.uint8),
+    )
+    norm_rope_insert(
+        qkv,
+        layer.q_norm,
+        layer.kv_norm,
+        positions,
+        slots,
+        cache,
+        cos,
+        sin,
+        eps=model.eps,
+        nope=model.nope_dim,
+        kv=kv,
+        qr8=qr8,
+    )
+
+    qr = rmsnorm(qkv[:, : model.q_rank], layer.q_norm, model.eps)
+    want_kv = apply_rope(
+        rmsnorm(qkv[:, model.q_rank :], layer.kv_norm, model.eps),
+        positions,
+        cos,
+        sin,
+        model.nope_dim,
+    )
+    assert_bf16_close(kv, want_kv)
+    got_qr = mxfp8_dequantize(*qr8)
+    assert (
+        (got_qr - mxfp8_dequantize(*mxfp8_quantize(qr))).abs()
+        <= 2 * BF16_STEP * qr.float().abs() + E4M3_STEP * got_qr.abs()
+    ).all()
+    ref = PagedKVCache(4, model.window_block, fmt)
+    ref.data.copy_(before)
+    keep = slots < cache.num_slots
+    ref.insert(slots[keep], kv[keep])  # the kernel's own kv, stored by the reference packer
+    assert torch.allclose(
+        cache.dequantize(slots[keep]), ref.dequantize(slots[keep]), rtol=E4M3_STEP, atol=1e-6
+    )
+    others = torch.ones(cache.num_slots, dtype=torch.bool)
+    others[slots[keep]] = False
+    assert torch.equal(cache.read(others.nonzero()[:, 0]), ref.read(others.nonzero()[:, 0]))
+
+
+def test_configs_fill_the_gpu_from_the_bucket():
+    """Real geometry, tp 4, 132 SMs: ~2 programs a SM at M = 1, one config for a whole bucket."""
+    dims = Dims.of("dsv41-flash", 4)
+    model = dims.model
+    shapes = {
+        "wqkv": (model.qkv_rows, model.hidden, model.qkv_rows, False),
+        "wq_b": (dims.q_rows, model.q_rank, dims.q_rows, False),
+        "wo_a": (dims.o_rows, dims.group_k, model.o_rank, True),
+        "wo_b": (model.hidden, dims.o_rows, model.hidden, False),
+    }
+    for name, (n, k, npg, quant) in shapes.items():
+        cfg = gemm_config(1, n, k, n_per_group=npg, quant_out=quant, sms=132)
+        programs = -(-n // cfg.block_n) * cfg.split_k
+        assert programs >= 1.6 * 132, (name, cfg, programs)
+        assert npg % cfg.block_n == 0 and k % (cfg.block_k * cfg.split_k) == 0
+    for m in range(1, 49):
+        b = bucket_for(m)
+        assert b >= m and gemm_config(
+            m, 2048, 4096, n_per_group=1024, quant_out=True, sms=132
+        ) == gemm_config(b, 2048, 4096, n_per_group=1024, quant_out=True, sms=132)
+
+
+def test_bad_inputs_name_the_argument(layer):
+    x = x_of(2, layer.dims.model.hidden, 0)
+    with pytest.raises(ValueError, match="w: expected float8_e4m3fn"):
+        mx_gemm(x, layer.wqkv.float(), layer.wqkv_scale)
+    with pytest.raises(ValueError, match="a: expected bfloat16"):
+        mx_gemm(x.float(), layer.wqkv, layer.wqkv_scale)
+    with pytest.raises(ValueError, match="n_per_group"):
+        mx_gemm(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale, n_per_group=100)
+
+
+SM90_COMPILE = r"""
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
+consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
+          "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
+          "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1}
+kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
+         "part_ptr": "*fp32", "ticket_ptr": "*i32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
+         "sin_ptr": "*fp32"}
+sig = {n: "constexpr" if n in consts else kinds.get(n, "*u8" if n.endswith("_ptr") else "i32")
+       for n in fn.arg_names}
+aligned = [i for i, n in enumerate(fn.arg_names) if sig[n][0] == "*" or n.startswith("stride")]
+src = ASTSource(fn=fn, signature=sig,
+                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
+                attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_stages": 4}).asm["ptx"]
+print(json.dumps({k: len(re.findall(p, ptx)) for k, p in
+                  {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
+                   "byte_loads": r"ld\.global\.b8"}.items()}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
+def test_weight_stream_compiles_to_async_wide_loads_for_sm90():
+    """wq_b at M = 1 compiled for SM90 without a GPU: weights arrive by cp.async, not byte loads."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", SM90_COMPILE], env=env, capture_output=True,
+                         text=True, cwd=root, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = json.loads(run.stdout.strip().splitlines()[-1])
+    assert counts["cp_async"] > 0 and counts["mma"] > 0, counts
+    assert counts["byte_loads"] <= 2, counts  # the epilogue's scalar loads at most

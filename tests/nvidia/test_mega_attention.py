@@ -1,0 +1,206 @@
+"""Mega attention under the interpreter (tiny geometry) against the reference step's seams.
+
+Seam checked: ``reference_step``'s ``o`` -> ``mxfp8`` -> fused O layout (``xo``, codes) and ``lse``,
+given the un-RoPE'd fused q the ``wq_b`` GEMM emits. Variants of the key table and sink are
+checked against the same reference pieces (``gather_keys``, ``attention_core``, inverse RoPE).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from dsv41.common.fused_layout import permute_o_to_fused
+from dsv41.common.geometry import Dims
+from dsv41.common.kv_cache import COMPRESSED_FLAG, NONE, gather_keys
+from dsv41.common.mx import e8m0_scale, mxfp8_dequantize, mxfp8_quantize
+from dsv41.common.reference import attention_core, mx_linear, reference_step
+from dsv41.common.rope import apply_inverse_rope, rope_tables
+from dsv41.common.scenario import make_scenario
+from dsv41.common.weights import LayerWeights
+from dsv41.nvidia.ops.mega_attention import mega_attention
+
+FORMATS = ("fp8_ds_mla", "fp8_mx")
+WINDOW_LAYER, COMPRESSED_LAYER = 0, 1  # tiny: compress ratios [0, 1, 2]
+
+
+@functools.cache
+def _layer(tp: int, layer_id: int) -> LayerWeights:
+    layer = LayerWeights(Dims.of("tiny", tp), 0, layer_id)
+    layer.dummy_load(seed=7)
+    return layer
+
+
+@functools.cache
+def _step(tp: int, layer_id: int, tokens: int, fmt: str, seed: int = 0):
+    """A reference step: its seams, the fused q the kernel reads, the caches after the insert."""
+    layer = _layer(tp, layer_id)
+    sc = make_scenario(layer.dims, layer_id, tokens, fmt=fmt, seed=seed).clone_caches()
+    seams = reference_step(
+        layer,
+        sc.x,
+        sc.positions,
+        sc.slot_mapping,
+        sc.key_table,
+        sc.window_cache,
+        sc.compressed_cache,
+    )
+    q_fused = mx_linear(mxfp8_quantize(seams.qr), layer.wq_b, layer.wq_b_scale)
+    return layer, sc, seams, q_fused
+
+
+def _fused(xo: tuple[torch.Tensor, torch.Tensor], g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standard MXFP8 ``(values [M, H, 512], codes [M, H, 16])`` -> fused (dequantized, codes)."""
+    values, codes = xo
+    m, h, c = codes.shape
+    fused_codes = codes.view(m, h // g, g, c).transpose(2, 3).reshape(m, h * c)
+    return permute_o_to_fused(mxfp8_dequantize(values, codes), g), fused_codes
+
+
+def _expected(layer, sc, seams, key_table, sink):
+    """Fused dequantized xo, fused codes and lse from the reference pieces, any table / sink."""
+    m = layer.dims.model
+    cos, sin = rope_tables(m, layer.layer_id)
+    keys, valid = gather_keys(key_table, sc.window_cache, sc.compressed_cache)
+    o, lse = attention_core(seams.q, keys, valid, sink, m.softmax_scale)
+    o = apply_inverse_rope(o, sc.positions, cos, sin, m.nope_dim).to(torch.bfloat16)
+    return (*_fused(mxfp8_quantize(o), m.heads_per_group), lse)
+
+
+def _run(layer, sc, q_fused, key_table=None, sink=None, splits=None):
+    m = layer.dims.model
+    cos, sin = rope_tables(m, layer.layer_id)
+    xo, codes, lse = mega_attention(
+        q_fused, sc.positions, sc.key_table if key_table is None else key_table, sc.window_cache,
+        sc.compressed_cache, layer.attn_sink if sink is None else sink, cos, sin,
+        softmax_scale=m.softmax_scale, heads_per_group=m.heads_per_group, splits=splits,
+    )  # fmt: skip
+    return mxfp8_dequantize(xo, codes), codes, lse  # fused: value i has code i // 32
+
+
+def _assert_matches(got, want, min_codes_equal: float = 0.99):
+    (xo, codes, lse), (xo_ref, codes_ref, lse_ref) = got, want
+    assert torch.isfinite(xo).all()
+    same = codes == codes_ref
+    assert same.float().mean() >= min_codes_equal, (
+        f"codes equal in {same.float().mean():.4f} of groups"
+    )
+    # Where the codes agree, values are at most one e4m3 step apart (a bf16 o off by one ulp).
+    step = torch.maximum(xo_ref.abs() / 8, e8m0_scale(codes_ref).repeat_interleave(32, -1) / 512)
+    close = (xo - xo_ref).abs() <= step
+    assert close[same.repeat_interleave(32, -1)].all()
+    assert (xo - xo_ref).norm() <= 1e-2 * xo_ref.norm()
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_ref))
+    fin = torch.isfinite(lse_ref)
+    torch.testing.assert_close(lse[fin], lse_ref[fin], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_matches_reference_step(fmt, tokens):
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, tokens, fmt)
+    want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
+    got = _run(layer, sc, q_fused)
+    _assert_matches(got, want)
+    # Token 0 is shorter than the window (position 3: 4 keys); it still attends.
+    assert int(sc.positions[0]) < layer.dims.model.window
+    assert torch.isfinite(got[2][0]).all() and got[0][0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_matches_reference_step_48_tokens(fmt):
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 48, fmt)
+    want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
+    _assert_matches(_run(layer, sc, q_fused), want)
+
+
+@pytest.mark.parametrize(("tp", "fmt"), [(1, "fp8_mx"), (4, "fp8_ds_mla")])
+def test_window_layer_other_head_counts(tp, fmt):
+    """No compressed cache; 32 heads (two head tiles) and 8 heads (a half-masked tile)."""
+    layer, sc, seams, q_fused = _step(tp, WINDOW_LAYER, 3, fmt)
+    assert sc.compressed_cache is None
+    want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
+    _assert_matches(_run(layer, sc, q_fused), want)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_splits_agree(splits):
+    """One program a (token, tile) and a split combined by the last arriver give the reference."""
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_mx")
+    want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
+    _assert_matches(_run(layer, sc, q_fused, splits=splits), want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_empty_row_and_out_of_range_entries(fmt):
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, fmt)
+    table = sc.key_table.clone()
+    table[1] = NONE  # no key at all: zeros out, lse -inf
+    win_n, comp_n = sc.window_cache.num_slots, sc.compressed_cache.num_slots
+    bad = {(2, 0): comp_n | COMPRESSED_FLAG, (2, 5): win_n, (3, 1): win_n + 1000,
+           (4, 2): (comp_n + 7) | COMPRESSED_FLAG, (4, 40): 2**31 - 1}  # fmt: skip
+    as_none = table.clone()
+    for (t, k), entry in bad.items():
+        assert as_none[t, k] != NONE
+        table[t, k] = entry - (1 << 32) if entry >= COMPRESSED_FLAG else entry
+        as_none[t, k] = NONE
+    got = _run(layer, sc, q_fused, key_table=table)
+    _assert_matches(got, _expected(layer, sc, seams, as_none, layer.attn_sink))
+    assert torch.equal(got[0][1], torch.zeros_like(got[0][1]))
+    assert torch.isneginf(got[2][1]).all()
+
+
+def test_infinite_sink_zeroes_heads():
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_ds_mla")
+    sink = layer.attn_sink.clone()
+    sink[::3] = float("inf")
+    sink[1] = -float("inf")  # no sink: plain softmax
+    got = _run(layer, sc, q_fused, sink=sink)
+    _assert_matches(got, _expected(layer, sc, seams, sc.key_table, sink))
+    chunks = got[0].view(5, -1, 32)  # fused: chunk g * 128 + c * 8 + e is head g * 8 + e
+    k = torch.arange(chunks.shape[1])
+    head = k // 128 * 8 + k % 8
+    assert torch.equal(chunks[:, head % 3 == 0], torch.zeros_like(chunks[:, head % 3 == 0]))
+    assert (chunks[:, head == 1].abs().sum(-1) > 0).all()
+
+
+def test_expected_pieces_are_the_reference_step():
+    """The composed reference the variants use equals reference_step on the unchanged inputs."""
+    layer, sc, seams, _ = _step(2, COMPRESSED_LAYER, 5, "fp8_ds_mla")
+    xo, codes, lse = _expected(layer, sc, seams, sc.key_table, layer.attn_sink)
+    want_xo, want_codes = _fused(seams.xo, layer.dims.model.heads_per_group)
+    assert (
+        torch.equal(xo, want_xo) and torch.equal(codes, want_codes) and torch.equal(lse, seams.lse)
+    )
+
+
+def test_bad_arguments_are_named():
+    layer, sc, _, q_fused = _step(2, COMPRESSED_LAYER, 1, "fp8_ds_mla")
+    m = layer.dims.model
+    cos, sin = rope_tables(m, layer.layer_id)
+    args = {
+        "q_fused": q_fused, "positions": sc.positions, "key_table": sc.key_table,
+        "window_cache": sc.window_cache, "compressed_cache": sc.compressed_cache,
+        "attn_sink": layer.attn_sink, "cos": cos, "sin": sin,
+    }  # fmt: skip
+
+    def call(**change):
+        return mega_attention(**{**args, **change}, softmax_scale=m.softmax_scale)
+
+    with pytest.raises(ValueError, match=r"q_fused: expected bfloat16 \[1, 8192\], got float32"):
+        call(q_fused=q_fused.float())
+    with pytest.raises(ValueError, match="key_table: expected int32"):
+        call(key_table=sc.key_table.long())
+    with pytest.raises(ValueError, match=r"attn_sink: expected float32 \[16\]"):
+        call(attn_sink=layer.attn_sink[:8].contiguous())
+    with pytest.raises(ValueError, match="positions: expected int32 or int64"):
+        call(positions=sc.positions.float())
+    other = make_scenario(layer.dims, COMPRESSED_LAYER, 1, fmt="fp8_mx").compressed_cache
+    with pytest.raises(
+        ValueError, match="compressed_cache: expected the window cache's record format"
+    ):
+        call(compressed_cache=other)
+    with pytest.raises(ValueError, match="splits: expected"):
+        mega_attention(**args, softmax_scale=m.softmax_scale, splits=0)

@@ -1,0 +1,127 @@
+"""The NVIDIA step against reference_step, seam by seam (tiny geometry, interpreter on CPU).
+
+Seams: qkv, kv (and the window cache bytes), q (fused, before RoPE) against
+``mx_linear(mxfp8(qr), Wq_b)`` of the reference's qr, xo (fused values and codes)
+against the reference's standard xo put through the O permutation, lse, z, z8
+and y. Scenarios always hold a sequence shorter than the window (position 3),
+a token with no compressed key and one with a full top-k; one test adds -1
+and out-of-cache entries to the key table. M = 48 runs once (fp8_mx), the
+smaller M with both record formats.
+"""
+
+import pytest
+import torch
+
+from dsv41.common.fused_layout import permute_o_to_fused
+from dsv41.common.geometry import Dims
+from dsv41.common.kv_cache import COMPRESSED_FLAG
+from dsv41.common.mx import mxfp8_quantize
+from dsv41.common.reference import mx_linear, reference_step
+from dsv41.common.scenario import make_scenario
+from dsv41.common.weights import LayerWeights
+from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, nvidia_step
+from dsv41.nvidia.warmup import REGISTRY, warmup
+
+LAYER_ID = 1  # compressed: window + top-k
+
+
+@pytest.fixture(scope="module")
+def layer() -> LayerWeights:
+    lw = LayerWeights(Dims.of("tiny", 2), rank=1, layer_id=LAYER_ID)
+    lw.dummy_load(seed=3)
+    return lw
+
+
+def run_both(layer, sc):
+    a, b = sc.clone_caches(), sc.clone_caches()
+    ref = reference_step(
+        layer, a.x, a.positions, a.slot_mapping, a.key_table, a.window_cache, a.compressed_cache
+    )
+    got = nvidia_step(
+        layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache, b.compressed_cache
+    )
+    return ref, got, a.window_cache, b.window_cache
+
+
+def rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def check_seams(layer, ref, got, ref_cache, got_cache) -> None:
+    model = layer.dims.model
+    m = ref.y.shape[0]
+    assert set(got) == set(STEP_SEAMS)
+    assert torch.equal(got["qkv"], ref.qkv)
+    assert rel(got["kv"], ref.kv) < 1e-3
+    assert torch.equal(got_cache.data, ref_cache.data)
+    assert rel(got["q"], mx_linear(mxfp8_quantize(ref.qr), layer.wq_b, layer.wq_b_scale)) < 1e-3
+    xo_values, xo_codes = got["xo"]
+    want_codes = permute_o_to_fused(ref.xo[1].repeat_interleave(32, -1), model.heads_per_group)[
+        :, ::32
+    ]
+    assert (xo_codes == want_codes).float().mean() >= 0.999
+    want_xo = permute_o_to_fused(ref.xo[0].float(), model.heads_per_group)
+    assert rel(xo_values.float(), want_xo) < 2e-2
+    finite = torch.isfinite(ref.lse)
+    assert torch.equal(torch.isfinite(got["lse"]), finite)
+    torch.testing.assert_close(got["lse"][finite], ref.lse[finite], rtol=1e-4, atol=1e-4)
+    assert rel(got["z"], ref.z.reshape(m, -1)) < 1e-2
+    assert torch.equal(got["z8"][1], mxfp8_quantize(got["z"])[1])
+    assert rel(got["y"], ref.y) < 1e-2
+
+
+@pytest.mark.parametrize(
+    "fmt,m", [("fp8_ds_mla", 1), ("fp8_ds_mla", 5), ("fp8_mx", 1), ("fp8_mx", 5), ("fp8_mx", 48)]
+)
+def test_step_matches_reference(layer, fmt, m):
+    sc = make_scenario(layer.dims, LAYER_ID, m, fmt=fmt, seed=m)
+    check_seams(layer, *run_both(layer, sc))
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])
+def test_none_and_out_of_cache_entries_are_no_key(layer, fmt):
+    sc = make_scenario(layer.dims, LAYER_ID, 3, fmt=fmt, seed=9)
+    table = sc.key_table.clone()
+    table[0, 1] = -1
+    table[1, 0] = sc.window_cache.num_slots + 5  # window slot past the cache
+    # A compressed row past its cache: slot | 1 << 31, as int32 bits.
+    table[1, -1] = (sc.compressed_cache.num_slots + 2) - COMPRESSED_FLAG
+    table[2, 2] = sc.window_cache.num_slots  # the first slot past the cache
+    sc.key_table = table
+    check_seams(layer, *run_both(layer, sc))
+
+
+def test_runner_writes_preallocated_buffers(layer):
+    """The runner's eager step (what a graph captures) gives nvidia_step's seams in its buffers."""
+    sc = make_scenario(layer.dims, LAYER_ID, 2, fmt="fp8_mx", seed=4)
+    runner = NvidiaStepRunner(layer, max_tokens=4)
+    a, b = sc.clone_caches(), sc.clone_caches()
+    m = runner.load(a.x, a.positions, a.slot_mapping, a.key_table)
+    got = runner.run(m, a.window_cache, a.compressed_cache)
+    want = nvidia_step(
+        layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache, b.compressed_cache
+    )
+    assert got["y"].data_ptr() == runner.buffers.y.data_ptr()
+    for name in ("qkv", "q", "z", "y"):
+        assert torch.equal(got[name], want[name]), name
+    with pytest.raises(ValueError, match="max_tokens"):
+        runner.load(torch.zeros(5, layer.dims.model.hidden, dtype=torch.bfloat16), *(None,) * 3)
+
+
+def test_warmup_runs_each_entry_point_for_a_bucket(layer):
+    seconds = warmup(layer, [2], fmt="fp8_mx")
+    assert set(seconds) == {(v.name, 2) for v in REGISTRY if v.serves(layer, 2)}
+    with pytest.raises(ValueError, match="buckets"):
+        warmup(layer, [3])
+
+
+def test_bad_inputs_name_the_argument(layer):
+    sc = make_scenario(layer.dims, LAYER_ID, 2, seed=0)
+    args = [sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache]
+    for i, name, bad in [
+        (0, "x", sc.x.float()),
+        (3, "key_table", sc.key_table.long()),
+        (1, "positions", sc.positions[:1]),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            nvidia_step(layer, *args[:i], bad, *args[i + 1 :])
