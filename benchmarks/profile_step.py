@@ -1,0 +1,147 @@
+"""Where a step's time goes: per-kernel device time of the nvidia step, and a GEMM tile sweep.
+
+``--breakdown``: kernel times (CUPTI, through torch.profiler) of eager steps
+over several layers, averaged per layer, for each M. ``--sweep``: each GEMM
+site of the rank at M tokens under a set of tile configs, timed from a CUDA
+graph that cycles through enough weight copies to miss L2; prints TB/s.
+
+    python benchmarks/profile_step.py --tp 4 --tokens 1,48 --breakdown --sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+from collections import defaultdict
+
+import torch
+
+from dsv41.common.geometry import Dims
+from dsv41.common.scenario import make_scenario
+from dsv41.common.weights import LayerWeights
+
+COPIES = 8  # weight copies a sweep graph cycles through (>= 80 MB: past the 60 MB L2)
+
+
+def breakdown(dims: Dims, tokens: list[int], layers: int = 4) -> None:
+    from dsv41.nvidia.step import nvidia_step
+
+    lws = []
+    for i in range(layers):
+        lw = LayerWeights(dims, 0, 1, device="cuda")
+        lw.dummy_load(i)
+        lws.append(lw)
+    for m in tokens:
+        scs = [make_scenario(dims, 1, m, seed=i, device="cuda") for i in range(layers)]
+
+        def run():
+            for lw, sc in zip(lws, scs):
+                nvidia_step(lw, sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
+                            sc.compressed_cache)
+
+        run()
+        torch.cuda.synchronize()
+        reps = 10
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                run()
+            torch.cuda.synchronize()
+        per_kernel: dict[str, list[float]] = defaultdict(list)
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                per_kernel[ev.name[:60]].append(ev.device_time)
+        total = 0.0
+        print(f"\nM = {m}: kernel time per layer step (us)")
+        for name, ts in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1])):
+            per_step = sum(ts) / (reps * layers)
+            total += per_step
+            print(f"  {per_step:8.2f}  x{len(ts) // (reps * layers):<3} {name}")
+        print(f"  {total:8.2f}  total")
+
+
+def sweep(dims: Dims, tokens: list[int]) -> None:
+    from dsv41.common.mx import E4M3
+    from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, gemm_config, mx_gemm, sm_count
+
+    m_cfg = dims.model
+    sites = {
+        "wqkv": (m_cfg.qkv_rows, m_cfg.hidden, None, False),
+        "wq_b": (dims.q_rows, m_cfg.q_rank, None, False),
+        "wo_a": (dims.o_rows, dims.group_k, m_cfg.o_rank, True),
+        "wo_b": (m_cfg.hidden, dims.o_rows, None, False),
+    }
+    sms = sm_count(torch.device("cuda"))
+    for m in tokens:
+        for site, (n, k, npg, quant) in sites.items():
+            groups = 1 if npg is None else n // npg
+            ws = [(torch.randn(n, k, device="cuda").clamp(-400, 400).to(E4M3),
+                   torch.randint(118, 124, (n, k // 32), dtype=torch.uint8, device="cuda"))
+                  for _ in range(COPIES)]
+            a = (torch.randn(m, groups * k, device="cuda").to(E4M3),
+                 torch.randint(120, 128, (m, groups * k // 32), dtype=torch.uint8, device="cuda"))
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            out8 = (torch.empty(m, n, dtype=E4M3, device="cuda"),
+                    torch.empty(m, n // 32, dtype=torch.uint8, device="cuda")) if quant else None
+            default = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=sms)
+            configs = {default}
+            for bn, bk, sk, nw, ns in itertools.product(
+                (16, 32, 64, 128), (128, 256), (1, 2, 4, 8), (4, 8), (4,)
+            ):
+                if (npg or n) % bn or k % (bk * sk) or (quant and bn % 32):
+                    continue
+                programs = (n // bn) * sk
+                if not 132 <= programs <= 132 * 8:
+                    continue
+                configs.add(GemmConfig(default.block_m, bn, bk, sk, nw, ns))
+            results = []
+            scratch = Scratch()
+            for cfg in sorted(configs, key=str):
+                try:
+                    def run():
+                        for w, s in ws:
+                            mx_gemm(a, w, s, out=out, out8=out8, n_per_group=npg, scratch=scratch,
+                                    config=cfg)
+                    run()
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        run()
+                    times = []
+                    for _ in range(20):
+                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        e0.record()
+                        g.replay()
+                        e1.record()
+                        e1.synchronize()
+                        times.append(e0.elapsed_time(e1) * 1e3 / COPIES)
+                    us = statistics.median(times)
+                    results.append((us, cfg))
+                except Exception as e:  # a config that fails to compile is reported, not fatal
+                    print(f"  {site} {cfg}: {type(e).__name__}: {str(e)[:80]}")
+            results.sort(key=lambda r: r[0])
+            nbytes = n * k * (1 + 1 / 32)
+            d_us = next(us for us, c in results if c == default)
+            print(f"\n{site} M={m} N={n} K={k}: default {d_us:.2f} us ({nbytes / d_us / 1e6:.2f} TB/s) {default}")
+            for us, cfg in results[:5]:
+                print(f"  {us:7.2f} us {nbytes / us / 1e6:5.2f} TB/s  {cfg}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="dsv41-flash")
+    p.add_argument("--tp", type=int, default=4)
+    p.add_argument("--tokens", default="1,48")
+    p.add_argument("--breakdown", action="store_true")
+    p.add_argument("--sweep", action="store_true")
+    args = p.parse_args()
+    dims = Dims.of(args.config, args.tp)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if args.breakdown:
+        breakdown(dims, tokens)
+    if args.sweep:
+        sweep(dims, tokens)
+
+
+if __name__ == "__main__":
+    main()
