@@ -16,9 +16,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   for tp in 4 2; do
-    for backend in nvidia mono; do
-      python3 benchmarks/bench_layer.py --backend "$backend" --config dsv41-flash --tp "$tp" \
-        --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_${backend}_tp${tp}.json" 2>&1 | tee "$OUT/bench_${backend}_tp${tp}.txt" | tail -12
-    done
+    python3 -m dsv41.cli bench --backend nvidia,mono --config dsv41-flash --tp "$tp" \
+      --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp${tp}.json" --plot "$OUT/bench_tp${tp}.png" \
+      2>&1 | tee "$OUT/bench_tp${tp}.txt" | tail -18
   done
 fi

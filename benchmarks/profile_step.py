@@ -93,7 +93,14 @@ def sweep(dims: Dims, tokens: list[int]) -> None:
                 programs = (n // bn) * sk
                 if not 132 <= programs <= 132 * 8:
                     continue
-                configs.add(GemmConfig(default.block_m, bn, bk, sk, nw, ns))
+                if bk == 128 and nw == 4:  # the dequantizing loop, only its best-known shapes
+                    configs.add(GemmConfig(default.block_m, bn, bk, sk, nw, ns))
+            for bn, sk, nw, ns in itertools.product((32, 64, 128), (1, 2, 4, 8, 16), (4, 8), (4, 8)):
+                if (npg or n) % bn or k % (32 * sk) or (quant and bn % 32):
+                    continue
+                if not 132 <= (n // bn) * sk <= 132 * 8:
+                    continue
+                configs.add(GemmConfig(default.block_m, bn, 32, sk, nw, ns, fp8_mma=True))
             results = []
             scratch = Scratch()
             for cfg in sorted(configs, key=str):

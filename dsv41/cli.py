@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.set_defaults(func=cmd_parity, tp=2, tokens=4)
 
+    sp = sub.add_parser("bench", add_help=False,
+                        help="us per layer step of backends vs the floor and the reference (GPU); "
+                             "dsv41 bench --help for its options")
+
     sp = sub.add_parser("plan", help="print a rank's geometry and task counts")
     geometry_args(sp)
     sp.set_defaults(func=cmd_plan)
@@ -208,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its own parser: dsv41.bench
+        from dsv41.bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

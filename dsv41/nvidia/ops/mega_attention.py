@@ -49,7 +49,8 @@ from dsv41.nvidia.ops.mx_gemm import interpreting, sm_count
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
 COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, whole RoPE pairs
-PROGRAMS_PER_SM = 2  # split the keys until the attention launch has this many programs a SM
+PROGRAMS_PER_SM = 4  # split the keys until the launch has this many programs a SM: each
+# program walks its keys one dependent gather at a time, so more of them hide the latency
 LOG2_E = math.log2(math.e)
 
 _HEAD_DIM = tl.constexpr(HEAD_DIM)

@@ -39,6 +39,7 @@ from dsv41.common.mx import (
     E4M3,
     MX_BLOCK,
     bf16_round_tl,
+    e8m0_scale_tl,
     mx_dequantize_tl,
     mx_quantize_tl,
 )
@@ -51,10 +52,11 @@ _MX = tl.constexpr(MX_BLOCK)  # 32
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
 DEFAULT_SMS = 8  # the "SM count" the interpreter plans for, so tiny tests still split K
-PROGRAMS_PER_SM = 2  # a weight stream needs loads in flight on every SM
-BLOCK_K_MAX = 256  # K columns a step loads: 8 KB of a 32-row weight tile
+PROGRAMS_PER_SM = 1.5  # a weight stream needs loads in flight on every SM (H200 sweep: 1.5-2 best)
+BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 # The A_O prologue holds a gathered o tile and its RoPE operands: 128 columns keep it in
 # registers (256 spills at 32 tokens on SM90).
+MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
 
 
@@ -136,6 +138,7 @@ def mx_gemm_kernel(
     A_MODE: tl.constexpr,
     QUANT_OUT: tl.constexpr,
     DOT_BF16: tl.constexpr,
+    FP8_MMA: tl.constexpr,
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NOPE: tl.constexpr,
@@ -159,34 +162,59 @@ def mx_gemm_kernel(
     kk = tl.arange(0, BLOCK_K)
     n64 = n.to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
-        k = k0 + kk
-        w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K)
-        if A_MODE == A_MX:
-            a = _mx_tile(
-                a_ptr,
-                a_codes_ptr,
-                rows,
-                row_ok,
-                stride_am,
-                stride_acm,
-                group * K + k0,
-                BLOCK_M,
-                BLOCK_K,
-            )
-        elif A_MODE == A_CAST:
-            x = tl.load(
-                a_ptr + rows[:, None] * stride_am + k[None, :], mask=row_ok[:, None], other=0.0
-            )
-            a = _mx_round(x.to(tl.float32), BLOCK_M, BLOCK_K)
-        else:
-            o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
-                                G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
-            a = _mx_round(o, BLOCK_M, BLOCK_K)
-        if DOT_BF16:
-            acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
-        else:
-            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+    if FP8_MMA:
+        # One MX block of K a step: an e4m3 x e4m3 MMA, then both power-of-two scales on the
+        # fp32 product. Weights go global -> shared -> MMA untouched (no per-element convert).
+        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, _MX):
+            k = k0 + tl.arange(0, _MX)
+            w8 = tl.load(w_ptr + n64[:, None] * K + k[None, :], mask=n_ok[:, None], other=0.0)
+            wc = tl.load(w_codes_ptr + n64 * (K // _MX) + k0 // _MX, mask=n_ok, other=0)
+            if A_MODE == A_MX:
+                ka = group * K + k
+                a8 = tl.load(a_ptr + rows[:, None] * stride_am + ka[None, :], mask=row_ok[:, None],
+                             other=0.0)  # fmt: skip
+                ac = tl.load(a_codes_ptr + rows * stride_acm + (group * K + k0) // _MX,
+                             mask=row_ok, other=0).to(tl.int32)  # fmt: skip
+            else:
+                if A_MODE == A_CAST:
+                    xa = tl.load(a_ptr + rows[:, None] * stride_am + k[None, :],
+                                 mask=row_ok[:, None], other=0.0).to(tl.float32)  # fmt: skip
+                else:
+                    xa = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok,
+                                         stride_am, G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, _MX)  # fmt: skip
+                a8, ac2 = mx_quantize_tl(xa, BLOCK_M, _MX)
+                ac = tl.reshape(ac2, (BLOCK_M,))
+            p = tl.dot(a8, tl.trans(w8))
+            acc += (p * e8m0_scale_tl(ac)[:, None]) * e8m0_scale_tl(wc.to(tl.int32))[None, :]
+    else:
+        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
+            k = k0 + kk
+            w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K)
+            if A_MODE == A_MX:
+                a = _mx_tile(
+                    a_ptr,
+                    a_codes_ptr,
+                    rows,
+                    row_ok,
+                    stride_am,
+                    stride_acm,
+                    group * K + k0,
+                    BLOCK_M,
+                    BLOCK_K,
+                )
+            elif A_MODE == A_CAST:
+                x = tl.load(
+                    a_ptr + rows[:, None] * stride_am + k[None, :], mask=row_ok[:, None], other=0.0
+                )
+                a = _mx_round(x.to(tl.float32), BLOCK_M, BLOCK_K)
+            else:
+                o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
+                                    G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
+                a = _mx_round(o, BLOCK_M, BLOCK_K)
+            if DOT_BF16:
+                acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
+            else:
+                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
 
     out_ok = row_ok[:, None] & n_ok[None, :]
     last = True
@@ -225,6 +253,7 @@ class GemmConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    fp8_mma: bool = False  # K in MX blocks through e4m3 MMAs (else dequantized bf16 tiles)
 
 
 def sm_count(device: torch.device) -> int:
@@ -257,17 +286,20 @@ def gemm_config(
     """
     m = bucket_for(m)
     block_m = block_m_for(m)
-    block_n = 32 if quant_out or n_per_group % 64 else 64
-    if triton.cdiv(n, block_n) < PROGRAMS_PER_SM * sms and not quant_out and n_per_group % 16 == 0:
-        block_n = 16 if n_per_group % 32 else 32
+    # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
+    block_n = 64 if n_per_group % 64 == 0 else 32
     block_k = block_k_max  # the largest power of two <= block_k_max dividing K (K % 32 == 0)
     while k % block_k:
         block_k //= 2
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split_k = 1
-    steps = k // block_k
-    while tiles * split_k < PROGRAMS_PER_SM * sms and steps % (split_k * 2) == 0:
-        split_k *= 2
+    while tiles * split_k < PROGRAMS_PER_SM * sms:
+        if (k // block_k) % (split_k * 2) == 0:
+            split_k *= 2
+        elif block_k > MIN_BLOCK_K:  # a narrower K step lets the split go on
+            block_k //= 2
+        else:
+            break
     return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4 if block_m <= 32 else 8)
 
 
@@ -429,6 +461,7 @@ def mx_gemm(
         A_MODE=mode,
         QUANT_OUT=quant,
         DOT_BF16=not interpreting(),
+        FP8_MMA=cfg.fp8_mma,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,

@@ -1,0 +1,295 @@
+"""Microseconds per layer step of a backend at a TP share, vs the SPEC §8 floor and the reference.
+
+For each token count M the script builds ``--layers`` layers (random MXFP8
+weights of the rank, each with its own caches, enough layers that their weights
+exceed the GPU's L2 so every step streams them from HBM), captures one step of
+every layer back to back in one CUDA graph, replays it many times and reports
+the median over replays (CUDA events) divided by the layer count. The floor is
+``(rank weight bytes incl. scales + M * KEYS * record bytes) / copy bandwidth``,
+the bandwidth measured in the same run by a large device-to-device copy
+(read + write bytes over its time). The eager reference (``reference_step`` on
+the same GPU tensors) is timed with fewer repeats. Figures go to BENCHMARKS.md.
+
+    dsv41 bench --backend nvidia,mono --config dsv41-flash --tp 4 \\
+        --tokens 1,2,4,8,16,32,48 --json bench.json --plot bench.png
+
+(``python benchmarks/bench_layer.py`` takes the same arguments.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+L2_BYTES = 60 * 2**20  # H200 L2: the weights of the layers in a graph must exceed it
+L2_MARGIN = 2.5  # weights in a graph >= this many L2s, so no replay finds them cached
+COPY_BYTES = 2 * 2**30  # the bandwidth probe's buffer
+REPLAYS = 50
+REFERENCE_REPEATS = 5
+BACKENDS = ("nvidia", "mono", "reference")
+RECORD_FORMAT = "fp8_ds_mla"  # SM90's record format (SPEC §4); the mono kernel reads only it
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default="nvidia",
+                   help="comma-separated backends: nvidia, mono, reference (default nvidia)")
+    p.add_argument("--config", default="dsv41-flash", help="model config name or YAML path")
+    p.add_argument(
+        "--tp", type=int, default=4, help="tensor-parallel size; rank --rank's share is timed"
+    )
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--tokens", default="1,2,4,8,16,32,48", help="comma-separated token counts M")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help=f"layers in a graph (default: enough for {L2_MARGIN} x the {L2_BYTES >> 20} MB L2)",
+    )
+    p.add_argument("--replays", type=int, default=REPLAYS)
+    p.add_argument("--reference-repeats", type=int, default=REFERENCE_REPEATS)
+    p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--plot", default=None, help="write a PNG of us/step against M (needs matplotlib)")
+    args = p.parse_args(argv)
+    args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    for b in args.backends:
+        if b not in BACKENDS:
+            p.error(f"--backend: expected names from {BACKENDS}, got {b!r}")
+    try:
+        args.tokens = [int(t) for t in args.tokens.split(",") if t]
+    except ValueError:
+        p.error(f"--tokens: expected comma-separated ints, got {args.tokens!r}")
+    if not args.tokens or min(args.tokens) < 1:
+        p.error(f"--tokens: expected positive token counts, got {args.tokens}")
+    return args
+
+
+def copy_bandwidth() -> float:
+    """Bytes a second of a large device-to-device copy, counting the read and the write."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * COPY_BYTES / statistics.median(times)
+
+
+def weight_bytes(layer) -> int:
+    """Bytes of a rank's kernel-visible parameters (e4m3, scales, norms, sinks)."""
+    return sum(p.numel() * p.element_size() for p in layer.parameters())
+
+
+def step_function(backend: str):
+    """``step(layer, scenario)`` of a backend (enqueue only, graph-capturable), or why not."""
+    if backend == "nvidia":
+        from dsv41.nvidia.step import nvidia_step as step_fn
+    elif backend == "mono":
+        try:
+            from dsv41.amd.mono import launcher
+        except ImportError as e:
+            return f"mono backend unavailable: {e}"
+        if hasattr(launcher, "runner_for"):  # mono_step syncs to check for errors: launch only
+
+            def step_fn(
+                layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
+            ):
+                y = torch.empty_like(x)
+                launcher.runner_for(layer, x.shape[0]).launch(
+                    x, positions, slot_mapping, key_table, window_cache, compressed_cache, y
+                )
+                return y
+        elif hasattr(launcher, "mono_step"):
+            step_fn = launcher.mono_step
+        else:
+            return "mono backend unavailable: dsv41.amd.mono.launcher has no mono_step"
+    else:
+        from dsv41.common.reference import reference_step as step_fn
+
+    def step(layer, sc):
+        return step_fn(
+            layer,
+            sc.x,
+            sc.positions,
+            sc.slot_mapping,
+            sc.key_table,
+            sc.window_cache,
+            sc.compressed_cache,
+        )
+
+    return step
+
+
+def time_graph(step, layers, scenarios, replays: int) -> float:
+    """Median seconds of one replay of a graph holding one step of every layer."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for layer, sc in zip(layers, scenarios):
+            step(layer, sc)  # compile, size scratch
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for layer, sc in zip(layers, scenarios):
+            step(layer, sc)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def time_eager(step, layer, sc, repeats: int) -> float:
+    """Median seconds of one eager step (host syncs included, as the reference has them)."""
+    step(layer, sc)
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(layer, sc)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def progress(done: int, total: int, label: str) -> None:
+    """A one-line progress bar on stderr."""
+    width = 30
+    filled = width * done // max(total, 1)
+    end = "\n" if done == total else ""
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<24}", end=end,
+          file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Time every backend of ``args.backends`` at every M; the rows (also printed as a table)."""
+    from dsv41.common.geometry import Dims
+    from dsv41.common.kv_cache import record_format
+    from dsv41.common.scenario import make_scenario
+    from dsv41.common.weights import LayerWeights
+
+    dims = Dims.of(args.config, args.tp)
+    model = dims.model
+    compressed = [i for i, r in enumerate(model.compress_ratios) if r] or list(range(model.num_layers))
+    one = LayerWeights(dims, args.rank, compressed[0], device="cuda")
+    w_bytes = weight_bytes(one)
+    n_layers = args.layers or max(2, -(-int(L2_MARGIN * L2_BYTES) // w_bytes))
+    layers = [one] + [
+        LayerWeights(dims, args.rank, compressed[i % len(compressed)], device="cuda")
+        for i in range(1, n_layers)
+    ]
+    for i, lw in enumerate(layers):
+        lw.dummy_load(seed=i)
+    bandwidth = copy_bandwidth()
+    record_bytes = record_format(RECORD_FORMAT).record_bytes
+    print(f"{model.name} tp {args.tp} rank {args.rank}: {n_layers} layers of {w_bytes / 1e6:.1f} MB "
+          f"weights per graph; copy bandwidth {bandwidth / 1e12:.2f} TB/s; {RECORD_FORMAT}")
+    steps = {b: step_function(b) for b in args.backends}
+    reference = step_function("reference")
+    rows: list[dict] = []
+    total, done = len(args.tokens) * len(args.backends), 0
+    for m in args.tokens:
+        scenarios = [
+            make_scenario(dims, lw.layer_id, m, fmt=RECORD_FORMAT, seed=100 * i + m, device="cuda",
+                          compressed_rows=max(2 * model.topk, m * model.topk))
+            for i, lw in enumerate(layers)
+        ]
+        floor = (w_bytes + m * model.keys * record_bytes) / bandwidth
+        ref = time_eager(reference, layers[0], scenarios[0].clone_caches(), args.reference_repeats)
+        for backend, step in steps.items():
+            progress(done, total, f"{backend} M={m}")
+            done += 1
+            base = {"backend": backend, "config": model.name, "tp": args.tp, "rank": args.rank,
+                    "tokens": m}
+            if isinstance(step, str):
+                rows.append({**base, "error": step})
+                continue
+            try:
+                per_step = ref if backend == "reference" else (
+                    time_graph(step, layers, scenarios, args.replays) / n_layers)
+            except (RuntimeError, ValueError) as e:  # e.g. the mono kernel's token limit
+                rows.append({**base, "error": f"{type(e).__name__}: {e}"})
+                continue
+            rows.append({
+                **base, "layers": n_layers, "us_per_step": per_step * 1e6, "floor_us": floor * 1e6,
+                "ratio_to_floor": per_step / floor, "reference_us": ref * 1e6,
+                "speedup_vs_reference": ref / per_step, "weight_bytes": w_bytes,
+                "kv_bytes": m * model.keys * record_bytes, "copy_bandwidth": bandwidth,
+                "record_format": RECORD_FORMAT,
+            })
+    progress(total, total, "done")
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'backend':<10} {'M':>4} {'us/step':>9} {'floor us':>9} {'x floor':>8} "
+            f"{'ref us':>9} {'x faster':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['backend']:<10} {r['tokens']:>4}  {r['error']}")
+            continue
+        lines.append(f"{r['backend']:<10} {r['tokens']:>4} {r['us_per_step']:>9.1f} "
+                     f"{r['floor_us']:>9.1f} {r['ratio_to_floor']:>8.2f} {r['reference_us']:>9.1f} "
+                     f"{r['speedup_vs_reference']:>9.1f}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> str:
+    """A PNG of us/step against M for each backend, the floor as a dashed line; a note on failure."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot skipped: matplotlib is not installed (pip install 'dsv41[plot]')"
+    ok = [r for r in rows if "error" not in r]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for backend in dict.fromkeys(r["backend"] for r in ok):
+        pts = [(r["tokens"], r["us_per_step"]) for r in ok if r["backend"] == backend]
+        ax.plot(*zip(*pts), marker="o", label=backend)
+    floor = sorted({(r["tokens"], r["floor_us"]) for r in ok})
+    if floor:
+        ax.plot(*zip(*floor), linestyle="--", color="black", label="floor (SPEC §8)")
+    ax.set_xlabel("tokens a step (M)")
+    ax.set_ylabel("us per layer step")
+    ax.set_title(f"{ok[0]['config']} tp {ok[0]['tp']}" if ok else "no rows")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"plot written to {path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("dsv41 bench: needs a CUDA GPU (torch.cuda.is_available() is False); "
+              "use `dsv41 parity` or the tests on a CPU machine", file=sys.stderr)
+        return 2
+    rows = run(args)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.plot:
+        print(plot(rows, args.plot))
+    return 1 if any("error" in row for row in rows) else 0
