@@ -35,7 +35,7 @@ def breakdown(dims: Dims, tokens: list[int], layers: int = 4) -> None:
     for m in tokens:
         scs = [make_scenario(dims, 1, m, seed=i, device="cuda") for i in range(layers)]
 
-        def run():
+        def run(scs=scs):
             for lw, sc in zip(lws, scs):
                 nvidia_step(lw, sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
                             sc.compressed_cache)
@@ -105,7 +105,7 @@ def sweep(dims: Dims, tokens: list[int]) -> None:
             scratch = Scratch()
             for cfg in sorted(configs, key=str):
                 try:
-                    def run():
+                    def run(ws=ws, a=a, out=out, out8=out8, npg=npg, scratch=scratch, cfg=cfg):
                         for w, s in ws:
                             mx_gemm(a, w, s, out=out, out8=out8, n_per_group=npg, scratch=scratch,
                                     config=cfg)
@@ -124,7 +124,7 @@ def sweep(dims: Dims, tokens: list[int]) -> None:
                         times.append(e0.elapsed_time(e1) * 1e3 / COPIES)
                     us = statistics.median(times)
                     results.append((us, cfg))
-                except Exception as e:  # a config that fails to compile is reported, not fatal
+                except Exception as e:  # noqa: BLE001 -- a config that fails to compile is reported
                     print(f"  {site} {cfg}: {type(e).__name__}: {str(e)[:80]}")
             results.sort(key=lambda r: r[0])
             nbytes = n * k * (1 + 1 / 32)
