@@ -300,7 +300,8 @@ def gemm_config(
             block_k //= 2
         else:
             break
-    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4 if block_m <= 32 else 8)
+    # A program runs few K steps: 2 stages and 4 warps beat 4 / 8 at M = 1 and 48 (H200 sweep).
+    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2)
 
 
 class Scratch:
