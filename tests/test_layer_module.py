@@ -1,0 +1,57 @@
+"""DSV41Attention: the module a server uses; forward equals the reference on CPU."""
+
+import logging
+
+import pytest
+import torch
+
+from dsv41.common.reference import reference_step
+from dsv41.common.scenario import make_scenario
+from dsv41.layer import CacheMetadata, DSV41Attention
+
+
+def _metadata(sc):
+    return CacheMetadata(sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache)
+
+
+@pytest.fixture(autouse=True)
+def _no_env_override(monkeypatch):
+    monkeypatch.delenv("DSV41_BACKEND", raising=False)
+
+
+def test_init_logs_the_choice_and_the_reason(caplog):
+    with caplog.at_level(logging.INFO, logger="dsv41"):
+        layer = DSV41Attention("tiny", 2, 1, 1, backend="reference")
+    assert layer.backend == "reference"
+    assert "layer 1 rank 1/2: backend reference (requested by backend=)" in caplog.text
+
+
+def test_init_refuses_an_impossible_request():
+    with pytest.raises(ValueError, match="'mono': expected tp in \\(2, 4\\)"):
+        DSV41Attention("tiny", 1, 0, 1, backend="mono")
+    with pytest.raises(ValueError, match="layer_id: expected 0 <= layer_id < 3, got 7"):
+        DSV41Attention("tiny", 2, 0, 7)
+
+
+@pytest.mark.parametrize("backend", ["reference", "nvidia", "mono"])
+def test_forward_equals_the_reference(backend):
+    if backend == "mono":
+        pytest.importorskip("dsv41.amd.mono.launcher")
+    layer = DSV41Attention("tiny", 2, 0, 1, backend=backend)
+    layer.weights.dummy_load(4)
+    sc = make_scenario(layer.dims, 1, 3, seed=9)
+    ref = reference_step(layer.weights, *_args(sc.clone_caches()))
+    y = layer(sc.x, sc.positions, _metadata(sc))
+    assert y.dtype == torch.bfloat16 and y.shape == ref.y.shape
+    assert ((y.float() - ref.y.float()).norm() / ref.y.float().norm()).item() < 1e-2
+
+
+def test_forward_rejects_a_wrong_x():
+    layer = DSV41Attention("tiny", 2, 0, 1, backend="reference")
+    sc = make_scenario(layer.dims, 1, 2, seed=1)
+    with pytest.raises(ValueError, match="x: expected bfloat16 \\[M, 256\\], got torch.float32"):
+        layer(sc.x.float(), sc.positions, _metadata(sc))
+
+
+def _args(sc):
+    return sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache
