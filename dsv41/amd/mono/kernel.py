@@ -1,0 +1,562 @@
+"""The mono mega kernel: one persistent launch runs a layer step's task tables (SPEC §6).
+
+Every program loops: take a ticket (``atomic_add`` on the ticket word), run the
+task it names (the stage ranges come from ``Plan.stages``, the coordinates are
+decoded as ``Plan.task_coords`` does), until the tickets run out or an error
+is posted. The last program to finish resets the ticket and finished words and
+advances the epoch, the tag of the next step's mailboxes. Hand-offs (module
+docstring of ``plan.py``): a consumer spins on its mailbox's tag with acquire
+atomics, at most ``spin_limit`` polls; on a timeout it posts ``ticket + 1`` to
+the error word (first error wins), skips its task and stops taking tickets, and
+every program stops at its next ticket once the error word is set. A producer
+publishes after a CTA barrier, with release atomics. Data produced inside the
+launch is read with ``.cg`` loads (L2, never a stale L1 line).
+
+A GEMV task loads its first two weight blocks before it waits on its
+activations and keeps loading two blocks ahead of its multiplies, so weight
+streaming overlaps the hand-off latency. MXFP8 operands are dequantized exactly
+(e4m3 times a power of two fits bf16) and multiplied on bf16 tensor cores with
+fp32 accumulation; with ``EXACT`` (the interpreter, whose bf16 ``tl.dot`` is
+broken) in fp32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dsv41.amd.mono.plan import (
+    COMBINE_PARTS,
+    CTL_EPOCH,
+    CTL_ERROR,
+    CTL_FINISHED,
+    CTL_TICKET,
+    KEY_SLICE,
+    WQKV_TASK_ROWS,
+)
+from dsv41.common.fused_layout import Q_CHUNK
+from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
+from dsv41.common.kv_cache import KV_DIM
+from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_tl, store_record_tl
+from dsv41.common.mx import MX_BLOCK, bf16_round_tl, mx_dequantize_tl, mx_quantize_tl
+from dsv41.common.rope import rope_pair_tl
+
+# The Python constants as constexpr globals, the only globals a jit function may read (a
+# trailing underscore marks the twin of a Python constant of the same name).
+MX: tl.constexpr = tl.constexpr(MX_BLOCK)  # 32 values share an E8M0 code
+HEAD_DIM: tl.constexpr = tl.constexpr(KV_DIM)  # 512
+HALF_DIM: tl.constexpr = tl.constexpr(KV_DIM // 2)  # GPT-J pairs of a head
+HEAD_TILE_: tl.constexpr = tl.constexpr(HEAD_TILE)
+HEADS_PER_GROUP: tl.constexpr = tl.constexpr(8)  # SPEC §1, checked by the config loader
+Q_CHUNK_: tl.constexpr = tl.constexpr(Q_CHUNK)
+WQKV_ROWS: tl.constexpr = tl.constexpr(WQKV_TASK_ROWS)
+WQB_ROWS: tl.constexpr = tl.constexpr(WQB_TASK_ROWS)
+WOA_ROWS: tl.constexpr = tl.constexpr(WOA_TASK_ROWS)
+WOB_ROWS: tl.constexpr = tl.constexpr(WOB_TASK_ROWS)
+KEY_SLICE_: tl.constexpr = tl.constexpr(KEY_SLICE)
+COMBINE_PARTS_: tl.constexpr = tl.constexpr(COMBINE_PARTS)
+CTL_TICKET_: tl.constexpr = tl.constexpr(CTL_TICKET)
+CTL_FINISHED_: tl.constexpr = tl.constexpr(CTL_FINISHED)
+CTL_EPOCH_: tl.constexpr = tl.constexpr(CTL_EPOCH)
+CTL_ERROR_: tl.constexpr = tl.constexpr(CTL_ERROR)
+
+# -- hand-offs -------------------------------------------------------------------
+
+
+@triton.jit
+def _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket):
+    """Spin until ``box.tag == tag`` (acquire), ``spin_limit`` polls at most; else post ticket+1."""
+    seen = tl.atomic_add(box_ptr + 1, 0, sem="acquire", scope="gpu")
+    polls = 0
+    while (seen != tag) & (polls < spin_limit):
+        seen = tl.atomic_add(box_ptr + 1, 0, sem="acquire", scope="gpu")
+        polls += 1
+    ok = seen == tag
+    if seen != tag:
+        tl.atomic_cas(ctl_ptr + CTL_ERROR_, 0, ticket + 1, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
+def _arrive(box_ptr, arrivals, tag, ok):
+    """Count one arrival; the ``arrivals``-th resets the count and publishes ``tag`` (release)."""
+    tl.debug_barrier()
+    if ok:
+        old = tl.atomic_add(box_ptr, 1, sem="acq_rel", scope="gpu")
+        if old == arrivals - 1:
+            tl.atomic_xchg(box_ptr, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(box_ptr + 1, tag, sem="release", scope="gpu")
+
+
+# -- arithmetic helpers -------------------------------------------------------------
+
+
+@triton.jit
+def _mma(a, b, acc, EXACT: tl.constexpr):
+    """``acc + a @ b`` (fp32 accumulate): bf16 operands, or fp32 ones with ``EXACT``."""
+    if EXACT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+
+
+@triton.jit
+def _mma_fp32_lhs(a, b, acc, EXACT: tl.constexpr):
+    """``acc + a @ b`` for an fp32 ``a`` that bf16 would round: split into bf16 hi + lo parts."""
+    if EXACT:
+        return tl.dot(a, b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        hi = a.to(tl.bfloat16)
+        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(hi, b.to(tl.bfloat16), acc)
+        return tl.dot(lo, b.to(tl.bfloat16), acc)
+
+
+@triton.jit
+def _rope(
+    v, cos_ptr, sin_ptr, rope_rows, pos, pair0, TABLE_W: tl.constexpr, ROWS: tl.constexpr,
+    PAIRS: tl.constexpr, INVERSE: tl.constexpr,
+):
+    """fp32 ``v [ROWS, 2 PAIRS]`` (GPT-J pairs) turned at ``pos [ROWS]``: pair i by column pair0+i.
+
+    ``cos`` / ``sin`` are fp32 ``[rope_rows, TABLE_W]`` (``TABLE_W = rope_dim / 2``).
+    Pairs with a negative column are not rope dims: they get ``c = 1, s = 0``,
+    which leaves them bit-exact; so does a position outside the tables (never read).
+    """
+    v0, v1 = tl.split(tl.reshape(v, (ROWS, PAIRS, 2)))
+    pair = pair0 + tl.arange(0, PAIRS)
+    turn = (pair >= 0)[None, :] & ((pos >= 0) & (pos < rope_rows))[:, None]
+    at = pos[:, None].to(tl.int64) * TABLE_W + pair[None, :]
+    c = tl.load(cos_ptr + at, mask=turn, other=1.0)
+    s = tl.load(sin_ptr + at, mask=turn, other=0.0)
+    r0, r1 = rope_pair_tl(v0, v1, c, s, INVERSE)
+    return tl.reshape(tl.join(r0, r1), (ROWS, 2 * PAIRS))
+
+
+@triton.jit
+def _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0, K: tl.constexpr, ROWS: tl.constexpr,
+                  BK: tl.constexpr):
+    """Weight block ``w[:ROWS, k0 : k0 + BK]`` (e4m3) and its codes; nothing is read past K."""
+    r = tl.arange(0, ROWS)
+    live = k0 < K
+    w = tl.load(w_ptr + r[:, None] * w_stride + k0 + tl.arange(0, BK)[None, :], mask=live,
+                other=0.0, eviction_policy="evict_first")
+    ws = tl.load(ws_ptr + r[:, None] * ws_stride + k0 // MX + tl.arange(0, BK // MX)[None, :],
+                 mask=live, other=0, eviction_policy="evict_first")
+    return w, ws
+
+
+@triton.jit
+def _gemv(
+    a_ptr, as_ptr, a_stride, S,
+    w_ptr, ws_ptr, w_stride, ws_stride,
+    box_ptr, tag, spin_limit, ctl_ptr, ticket,
+    ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
+):
+    """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``.
+
+    The first two weight blocks are loaded before the wait; each later one is
+    loaded two blocks ahead of its multiply, so weights stream through the wait
+    and the loop (they are read once: evict first). Returns ``(acc, ok)``.
+    """
+    k = tl.arange(0, BK)
+    kb = tl.arange(0, BK // MX)
+    tok = tl.arange(0, TB)
+    live = (tok < S)[:, None]
+    w0, ws0 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, 0, K, ROWS, BK)
+    w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, BK, K, ROWS, BK)
+    ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
+    acc = tl.zeros((TB, ROWS), tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :], mask=live, other=0.0,
+                    cache_modifier=".cg")
+        a_s = tl.load(as_ptr + tok[:, None] * (a_stride // MX) + k0 // MX + kb[None, :], mask=live,
+                      other=0, cache_modifier=".cg")
+        w_deq = mx_dequantize_tl(w0, ws0.to(tl.int32), ROWS, BK)
+        w0, ws0 = w1, ws1
+        w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 2 * BK, K, ROWS, BK)
+        acc = _mma(mx_dequantize_tl(a, a_s.to(tl.int32), TB, BK), tl.trans(w_deq), acc, EXACT)
+    return acc, ok
+
+
+# -- stages ------------------------------------------------------------------------
+
+
+@triton.jit
+def _xq(i, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr):
+    """``x8, x8s = mxfp8(x[:, BK i ..])``: one block of x's columns (K half ``i // blocks``)."""
+    tok = tl.arange(0, TB)
+    live = (tok < S)[:, None]
+    k = tl.arange(0, BK)
+    kb = tl.arange(0, BK // MX)
+    col = i * BK
+    x = tl.load(x_ptr + tok[:, None] * HIDDEN + col + k[None, :], mask=live, other=0.0)
+    values, codes = mx_quantize_tl(x.to(tl.float32), TB, BK)
+    tl.store(x8_ptr + tok[:, None] * HIDDEN + col + k[None, :], values, mask=live)
+    tl.store(x8s_ptr + tok[:, None] * (HIDDEN // MX) + col // MX + kb[None, :],
+             codes.to(tl.uint8), mask=live)
+
+
+@triton.jit
+def _rmsnorm(v, mask, w_ptr, n, eps, N_P: tl.constexpr):
+    """``bf16(v / sqrt(mean(v^2) + eps) * w)`` over the first ``n`` of ``v [N_P]``, fp32 out."""
+    w = tl.load(w_ptr + tl.arange(0, N_P), mask=mask, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n + eps)
+    return bf16_round_tl(v * inv * w)
+
+
+@triton.jit
+def _norm(
+    s, qkvp_ptr, q_norm_ptr, kv_norm_ptr, qx8_ptr, qx8s_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
+    rope_rows, win_ptr, win_slots, cap, eps,
+    Q_RANK: tl.constexpr, Q_RANK_P: tl.constexpr, QKV_ROWS: tl.constexpr, NOPE: tl.constexpr,
+    WIN_BLOCK: tl.constexpr,
+):
+    """Token s: ``qkv = bf16(p0 + p1)``, both RMSNorms, KV RoPE + record insert,
+    ``qx8 = mxfp8(qr)``."""
+    c = tl.arange(0, Q_RANK_P)
+    cm = c < Q_RANK
+    row0 = qkvp_ptr + s * QKV_ROWS
+    half1 = cap * QKV_ROWS  # qkvp is [2, cap, QKV_ROWS]
+    qr = tl.load(row0 + c, mask=cm, other=0.0, cache_modifier=".cg")
+    qr = bf16_round_tl(qr + tl.load(row0 + half1 + c, mask=cm, other=0.0, cache_modifier=".cg"))
+    qr = _rmsnorm(qr, cm, q_norm_ptr, Q_RANK, eps, Q_RANK_P)
+    values, codes = mx_quantize_tl(tl.reshape(qr, (1, Q_RANK_P)), 1, Q_RANK_P)
+    tl.store(qx8_ptr + s * Q_RANK + c[None, :], values, mask=cm[None, :])
+    cb = tl.arange(0, Q_RANK_P // MX)
+    tl.store(qx8s_ptr + s * (Q_RANK // MX) + cb[None, :], codes.to(tl.uint8),
+             mask=(cb < Q_RANK // MX)[None, :])
+
+    d = tl.arange(0, HEAD_DIM)
+    kv = tl.load(row0 + Q_RANK + d, cache_modifier=".cg")
+    kv = bf16_round_tl(kv + tl.load(row0 + half1 + Q_RANK + d, cache_modifier=".cg"))
+    kv = _rmsnorm(kv, d < HEAD_DIM, kv_norm_ptr, HEAD_DIM, eps, HEAD_DIM)
+    pos = tl.load(pos_ptr + s + tl.zeros((1,), tl.int32))
+    kv = bf16_round_tl(_rope(tl.reshape(kv, (1, HEAD_DIM)), cos_ptr, sin_ptr, rope_rows, pos, -(NOPE // 2),
+                     (HEAD_DIM - NOPE) // 2, 1, HALF_DIM, False))
+    slot = tl.load(slot_ptr + s + tl.zeros((1,), tl.int32)).to(tl.int64)
+    store_record_tl(win_ptr, slot, kv, win_slots, WIN_BLOCK, FMT_DS_MLA)
+
+
+@triton.jit
+def _keys(
+    key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS: tl.constexpr,
+    KS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
+):
+    """Token s's keys ``k0 .. k0 + KS`` through the key table: ``(bf16 [KS, 512], valid [KS])``.
+
+    A key is bf16-exact (e4m3 times a power of two, or bf16), so bf16 holds it in half the
+    registers; entries past ``KEYS`` are not valid.
+    """
+    e = k0 + tl.arange(0, KS)
+    entries = tl.load(key_ptr + s * KEYS + e, mask=e < KEYS, other=-1)
+    is_comp, slot, valid = decode_entries_tl(entries, win_slots, comp_slots)
+    keys = load_keys_tl(win_ptr, slot, valid & ~is_comp, WIN_BLOCK, FMT_DS_MLA, KS)
+    keys = keys.to(tl.bfloat16)
+    if HAS_COMP:
+        comp = load_keys_tl(comp_ptr, slot, valid & is_comp, COMP_BLOCK, FMT_DS_MLA, KS)
+        keys = tl.where(is_comp[:, None], comp.to(tl.bfloat16), keys)
+    return keys, valid
+
+
+@triton.jit
+def _attn(
+    s, tile, chunk, q_ptr, key_ptr, win_ptr, comp_ptr, win_slots, comp_slots, part_ptr, pstat_ptr,
+    box_ptr, tag, spin_limit, ctl_ptr, ticket, scale,
+    HEADS: tl.constexpr, HEADS_P: tl.constexpr, KEYS: tl.constexpr, KC: tl.constexpr,
+    CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    """Keys ``chunk * KC ..`` of token s, 16 heads: ``part = sum p k / sum p``,
+    ``pstat = (max, sum p)``.
+
+    The chunk runs in slices of KEY_SLICE keys with an online softmax (fewer registers than
+    the whole chunk); the first slice's records are loaded before the wait on q.
+    """
+    k0 = chunk * KC
+    keys, valid = _keys(key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,
+                        KEY_SLICE_, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
+    h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
+    hm = h < HEADS
+    d = tl.arange(0, HEAD_DIM)
+    q_at = s * (HEADS * HEAD_DIM) + (d // Q_CHUNK_ * (HEADS * Q_CHUNK_) + d % Q_CHUNK_)[None, :]
+    ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
+    q = tl.load(q_ptr + q_at + h[:, None] * Q_CHUNK_, mask=hm[:, None], other=0.0,
+                cache_modifier=".cg")
+    top = tl.full((HEAD_TILE_,), float("-inf"), tl.float32)
+    total = tl.zeros((HEAD_TILE_,), tl.float32)
+    o = tl.zeros((HEAD_TILE_, HEAD_DIM), tl.float32)
+    for k in range(k0, k0 + KC, KEY_SLICE_):
+        scores = _mma(q, tl.trans(keys), tl.zeros((HEAD_TILE_, KEY_SLICE_), tl.float32), EXACT)
+        scores = tl.where(valid[None, :], scores * scale, float("-inf"))
+        new_top = tl.maximum(top, tl.max(scores, axis=1))
+        safe = tl.where(new_top == float("-inf"), 0.0, new_top)
+        alpha = tl.exp(top - safe)  # 0 while nothing was valid
+        prob = tl.exp(scores - safe[:, None])
+        o = _mma_fp32_lhs(prob, keys, o * alpha[:, None], EXACT)
+        total = total * alpha + tl.sum(prob, axis=1)
+        top = new_top
+        if k + KEY_SLICE_ < k0 + KC:
+            keys, valid = _keys(key_ptr, s, k + KEY_SLICE_, win_ptr, comp_ptr, win_slots,
+                                comp_slots, KEYS, KEY_SLICE_, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
+    o = o / tl.where(total > 0, total, 1.0)[:, None]
+    row = (s * CHUNKS + chunk) * HEADS_P + h
+    tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=hm[:, None])
+    tl.store(pstat_ptr + row * 2, top, mask=hm)
+    tl.store(pstat_ptr + row * 2 + 1, total, mask=hm)
+    return ok
+
+
+@triton.jit
+def _combine(
+    s, tile, part, part_ptr, pstat_ptr, sink_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr,
+    xos_ptr, HEADS: tl.constexpr, HEADS_P: tl.constexpr, CHUNKS: tl.constexpr,
+    GROUP_K: tl.constexpr, NOPE: tl.constexpr,
+):
+    """Dims ``part * DIMS ..`` of token s's 16 heads: merge the chunks, sink gate, inverse RoPE,
+    bf16, MXFP8 -> xo (fused O layout)."""
+    DIMS: tl.constexpr = HEAD_DIM // COMBINE_PARTS_
+    h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
+    hm = h < HEADS
+    d0 = part * DIMS
+    d = d0 + tl.arange(0, DIMS)
+    top = tl.full((HEAD_TILE_,), float("-inf"), tl.float32)
+    for j in range(CHUNKS):
+        row = (s * CHUNKS + j) * HEADS_P + h
+        top = tl.maximum(top, tl.load(pstat_ptr + row * 2, mask=hm, other=float("-inf"),
+                                      cache_modifier=".cg"))
+    has_key = top > float("-inf")
+    top = tl.where(has_key, top, 0.0)
+    norm = tl.zeros((HEAD_TILE_,), tl.float32)
+    o = tl.zeros((HEAD_TILE_, DIMS), tl.float32)
+    for j in range(CHUNKS):
+        row = (s * CHUNKS + j) * HEADS_P + h
+        m_j = tl.load(pstat_ptr + row * 2, mask=hm, other=float("-inf"), cache_modifier=".cg")
+        l_j = tl.load(pstat_ptr + row * 2 + 1, mask=hm, other=0.0, cache_modifier=".cg")
+        w_j = tl.where(m_j > float("-inf"), l_j * tl.exp(m_j - top), 0.0)
+        o_j = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None], other=0.0,
+                      cache_modifier=".cg")
+        norm += w_j
+        o += w_j[:, None] * o_j
+    o = o / tl.where(has_key, norm, 1.0)[:, None]
+    lse = top + tl.log(tl.where(has_key, norm, 1.0))
+    sink = tl.load(sink_ptr + h, mask=hm, other=0.0)
+    gate = 1.0 / (1.0 + tl.exp(sink - lse))
+    o = tl.where(has_key[:, None], o * gate[:, None], 0.0)
+    if d0 + DIMS > NOPE:
+        pos = tl.load(pos_ptr + s + tl.zeros((HEAD_TILE_,), tl.int32))
+        o = _rope(o, cos_ptr, sin_ptr, rope_rows, pos, (d0 - NOPE) // 2, (HEAD_DIM - NOPE) // 2,
+                  HEAD_TILE_, DIMS // 2, True)
+    values, codes = mx_quantize_tl(bf16_round_tl(o), HEAD_TILE_, DIMS)
+    # Fused O: column (h // 8) * GROUP_K + ((d // 32) * 8 + h % 8) * 32 + d % 32.
+    group0 = (h // HEADS_PER_GROUP) * GROUP_K
+    hg = h % HEADS_PER_GROUP
+    chunk_head = (d // MX * HEADS_PER_GROUP)[None, :] + hg[:, None]
+    col = group0[:, None] + chunk_head * MX + d[None, :] % MX
+    tl.store(xo_ptr + s * (HEADS * HEAD_DIM) + col, values, mask=hm[:, None])
+    c = d0 // MX + tl.arange(0, DIMS // MX)
+    code_col = (group0 // MX)[:, None] + c[None, :] * HEADS_PER_GROUP + hg[:, None]
+    tl.store(xos_ptr + s * (HEADS * HEAD_DIM // MX) + code_col, codes.to(tl.uint8),
+             mask=hm[:, None])
+
+
+@triton.jit
+def _wqkv_task(
+    t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, tag, spin_limit, ctl_ptr,
+    HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
+    TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
+    half = i // TILES
+    row0 = (i % TILES) * WQKV_ROWS
+    col0 = half * (HIDDEN // 2)
+    acc, ok = _gemv(
+        x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
+        w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
+        HIDDEN, HIDDEN // MX, xrdy_ptr + 2 * half, tag, spin_limit, ctl_ptr, t,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT,
+    )
+    tok = tl.arange(0, TB)
+    r = tl.arange(0, WQKV_ROWS)
+    tl.store(qkvp_ptr + (half * cap + tok[:, None]) * QKV_ROWS + row0 + r[None, :], acc,
+             mask=(tok < S)[:, None])
+    _arrive(xrdy_ptr + 4, 2 * TILES, tag, ok)
+    return ok
+
+
+@triton.jit
+def _wqb_task(
+    t, i, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
+    S, tag, spin_limit, ctl_ptr,
+    Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
+    BK: tl.constexpr, EXACT: tl.constexpr,
+):
+    """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
+    ``q = rope(bf16(qx8 @ wq_b^T))``."""
+    acc, ok = _gemv(
+        qx8_ptr, qx8s_ptr, Q_RANK, S,
+        w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
+        Q_RANK, Q_RANK // MX, qrdy_ptr, tag, spin_limit, ctl_ptr, t,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT,
+    )
+    tok = tl.arange(0, TB)
+    q = bf16_round_tl(acc)
+    dim0 = (i // HEADS) * Q_CHUNK_
+    if dim0 >= NOPE:
+        pos = tl.load(pos_ptr + tok, mask=tok < S, other=0)
+        q = _rope(q, cos_ptr, sin_ptr, rope_rows, pos, (dim0 - NOPE) // 2, (HEAD_DIM - NOPE) // 2,
+                  TB, WQB_ROWS // 2, False)
+        q = bf16_round_tl(q)
+    r = tl.arange(0, WQB_ROWS)
+    tl.store(q_ptr + tok[:, None] * (HEADS * HEAD_DIM) + i * WQB_ROWS + r[None, :],
+             q.to(tl.bfloat16), mask=(tok < S)[:, None])
+    tile = (i % HEADS) // HEAD_TILE_
+    tile_heads = tl.minimum(HEADS - tile * HEAD_TILE_, HEAD_TILE_)
+    _arrive(qrdy_ptr + 2 * (1 + tile), HEAD_DIM // Q_CHUNK_ * tile_heads, tag, ok)
+    return ok
+
+
+@triton.jit
+def _woa_task(
+    t, i, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, w_ptr, ws_ptr,
+    S, tag, spin_limit, ctl_ptr,
+    HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
+    TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
+):
+    """wo_a rows ``32 i ..`` of group ``32 i // o_rank``: ``z = bf16(xo_g @ wo_a^T)``,
+    ``x8b = mxfp8(z)``."""
+    row0 = i * WOA_ROWS
+    group = row0 // O_RANK
+    col0 = group * GROUP_K
+    acc, ok = _gemv(
+        xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
+        w_ptr + row0 * GROUP_K, ws_ptr + row0 * (GROUP_K // MX), GROUP_K, GROUP_K // MX,
+        crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_), tag, spin_limit, ctl_ptr, t,
+        WOA_ROWS, GROUP_K, TB, BK, EXACT,
+    )
+    z = bf16_round_tl(acc)
+    values, codes = mx_quantize_tl(z, TB, WOA_ROWS)
+    tok = tl.arange(0, TB)
+    r = tl.arange(0, WOA_ROWS)
+    live = (tok < S)[:, None]
+    tl.store(z_ptr + tok[:, None] * O_ROWS + row0 + r[None, :], z.to(tl.bfloat16), mask=live)
+    tl.store(x8b_ptr + tok[:, None] * O_ROWS + row0 + r[None, :], values, mask=live)
+    tl.store(x8bs_ptr + tok[:, None] * (O_ROWS // MX) + i + tl.arange(0, 1)[None, :],
+             codes.to(tl.uint8), mask=live)
+    _arrive(ardy_ptr, O_ROWS // WOA_ROWS, tag, ok)
+    return ok
+
+
+@triton.jit
+def _wob_task(
+    t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, tag, spin_limit, ctl_ptr,
+    HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
+    acc, ok = _gemv(
+        x8b_ptr, x8bs_ptr, O_ROWS, S,
+        w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
+        ardy_ptr, tag, spin_limit, ctl_ptr, t,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT,
+    )
+    tok = tl.arange(0, TB)
+    r = tl.arange(0, WOB_ROWS)
+    tl.store(y_ptr + tok[:, None] * HIDDEN + i * WOB_ROWS + r[None, :],
+             bf16_round_tl(acc).to(tl.bfloat16), mask=(tok < S)[:, None])
+    return ok
+
+
+# -- the kernel ----------------------------------------------------------------------
+
+
+@triton.jit
+def mono_kernel(
+    # scratch regions (plan.py) and control words
+    ctl_ptr, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr,
+    part_ptr, pstat_ptr, srdy_ptr, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
+    # step inputs and output
+    x_ptr, pos_ptr, slot_ptr, key_ptr, win_ptr, comp_ptr, y_ptr,
+    # weights and rope tables
+    wqkv_ptr, wqkv_s_ptr, q_norm_ptr, kv_norm_ptr, wqb_ptr, wqb_s_ptr, woa_ptr, woa_s_ptr,
+    wob_ptr, wob_s_ptr, sink_ptr, cos_ptr, sin_ptr,
+    # runtime scalars: tokens, the scratch's token capacity, cache sizes, rope table rows,
+    # spin bound, stage ends (Plan.stages)
+    S, cap, win_slots, comp_slots, rope_rows, spin_limit,
+    end_xq, end_wqkv, end_norm, end_wqb, end_attn, end_combine, end_woa, end_wob,
+    eps, scale,
+    # geometry
+    HIDDEN: tl.constexpr, Q_RANK: tl.constexpr, Q_RANK_P: tl.constexpr, QKV_ROWS: tl.constexpr,
+    NOPE: tl.constexpr, HEADS: tl.constexpr, HEAD_TILES: tl.constexpr, O_RANK: tl.constexpr,
+    GROUP_K: tl.constexpr, O_ROWS: tl.constexpr, KEYS: tl.constexpr, KC: tl.constexpr,
+    CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
+    # tiling
+    TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
+    BK_OR: tl.constexpr, EXACT: tl.constexpr,
+):
+    """One layer step: take tickets until ``end_wob`` (the task count) or an error."""
+    HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
+    XQ_BLOCKS: tl.constexpr = HIDDEN // 2 // BK_X
+    tag = tl.atomic_add(ctl_ptr + CTL_EPOCH_, 0, sem="acquire", scope="gpu")
+    t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
+    ok = t >= 0
+    while (t < end_wob) & ok:
+        if t < end_xq:  # xq is the first stage: its task index is the ticket
+            _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
+            _arrive(xrdy_ptr + 2 * (t // XQ_BLOCKS), XQ_BLOCKS, tag, ok)
+        elif t < end_wqkv:
+            ok = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
+                            wqkv_s_ptr, S, cap, tag, spin_limit, ctl_ptr, HIDDEN, QKV_ROWS, TB,
+                            BK_X, EXACT)
+        elif t < end_norm:
+            ok = _wait(xrdy_ptr + 4, tag, spin_limit, ctl_ptr, t)
+            if ok:
+                _norm(t - end_wqkv, qkvp_ptr, q_norm_ptr, kv_norm_ptr, qx8_ptr, qx8s_ptr, pos_ptr,
+                      slot_ptr, cos_ptr, sin_ptr, rope_rows, win_ptr, win_slots, cap, eps,
+                      Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
+            _arrive(qrdy_ptr, S, tag, ok)
+        elif t < end_wqb:
+            ok = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr,
+                           pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, spin_limit, ctl_ptr,
+                           Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT)
+        elif t < end_attn:
+            i = t - end_wqb
+            s = i // (HEAD_TILES * CHUNKS)
+            tile = (i // CHUNKS) % HEAD_TILES
+            ok = _wait(qrdy_ptr, tag, spin_limit, ctl_ptr, t)  # records inserted
+            if ok:
+                ok = _attn(s, tile, i % CHUNKS, q_ptr, key_ptr, win_ptr, comp_ptr, win_slots,
+                           comp_slots, part_ptr, pstat_ptr, qrdy_ptr + 2 * (1 + tile), tag,
+                           spin_limit, ctl_ptr, t, scale, HEADS, HEADS_P, KEYS, KC, CHUNKS,
+                           WIN_BLOCK, COMP_BLOCK, HAS_COMP, EXACT)
+            _arrive(srdy_ptr + 2 * (s * HEAD_TILES + tile), CHUNKS, tag, ok)
+        elif t < end_combine:
+            i = t - end_attn
+            st = i // COMBINE_PARTS_  # (token, tile) pair: its srdy mailbox
+            tile = st % HEAD_TILES
+            ok = _wait(srdy_ptr + 2 * st, tag, spin_limit, ctl_ptr, t)
+            if ok:
+                _combine(st // HEAD_TILES, tile, i % COMBINE_PARTS_, part_ptr, pstat_ptr, sink_ptr,
+                         pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr, xos_ptr, HEADS, HEADS_P,
+                         CHUNKS, GROUP_K, NOPE)
+            _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
+        elif t < end_woa:
+            ok = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr,
+                           ardy_ptr, z_ptr, woa_ptr, woa_s_ptr, S, tag, spin_limit, ctl_ptr,
+                           HEADS, O_RANK, GROUP_K, O_ROWS, TB, BK_GK, EXACT)
+        else:
+            ok = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr, wob_s_ptr,
+                           S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT)
+        if ok:
+            # An atomic, not a volatile load: one thread reads and the CTA shares the value, so
+            # every thread leaves the loop together (a per-thread read could split the CTA).
+            ok = tl.atomic_add(ctl_ptr + CTL_ERROR_, 0, sem="relaxed", scope="gpu") == 0
+            t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
+    # The last program out resets the ticket and advances the epoch for the next step.
+    done = tl.atomic_add(ctl_ptr + CTL_FINISHED_, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) - 1:
+        tl.atomic_xchg(ctl_ptr + CTL_TICKET_, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(ctl_ptr + CTL_FINISHED_, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(ctl_ptr + CTL_EPOCH_, 1, sem="release", scope="gpu")

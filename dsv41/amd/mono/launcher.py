@@ -1,0 +1,263 @@
+"""Launching the mono kernel: runners per (layer, tokens) over a persistent scratch, seams.
+
+``MonoRunner`` holds one plan's scratch (allocated once, never cleared: the
+device-side epoch tags each step's hand-offs) and launches the kernel with
+pointers that never change, so ``launch`` can be captured in a CUDA/HIP graph
+and replayed. ``mono_step`` is the one-call entry point: it keeps a runner per
+(layer, tokens), validates the inputs (SPEC §4) when asked, launches, raises
+``MonoError`` if a hand-off timed out (never a silent hang), and returns the
+step's output with the intermediates the scratch holds.
+
+Those runners share one scratch per (device, geometry), laid out for 48
+tokens: a step's scratch is dead once its launch ends and the epoch keeps
+successive launches apart, so the steps of every layer and token count run one
+after another on a stream can share it (34 MB at the tp 2 share, 17 MB at tp
+4). Two streams must not run mono steps of one geometry at once.
+
+Seams returned by ``mono_step`` (all copies, standard row = token):
+
+======  ================================================================
+y       bf16 [S, hidden]: this rank's partial of the layer output
+x8      (e4m3 [S, hidden], uint8 [S, hidden / 32]): MXFP8 of x
+qkv     bf16 [S, q_rank + kv_dim]: ``bf16(p0 + p1)`` of the two K halves
+q       bf16 [S, heads, 512]: q **after** RoPE, standard layout (the scratch's
+        fused q un-fused)
+xo      (e4m3 [S, heads * 512], uint8 [S, heads * 16]): MXFP8 o, fused O layout
+z       bf16 [S, o_rows]: z, groups side by side
+z8      (e4m3 [S, o_rows], uint8 [S, o_rows / 32]): MXFP8 of z (what wo_b reads)
+======  ================================================================
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+from dsv41.amd.mono.kernel import mono_kernel
+from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, MAX_TOKENS, Plan, k_block
+from dsv41.common.fused_layout import permute_q_from_fused
+from dsv41.common.kv_cache import FP8_DS_MLA, PagedKVCache, validate_key_table
+from dsv41.common.rope import rope_tables
+from dsv41.common.weights import LayerWeights
+
+INTERPRETER_PROGRAMS = 4  # programs of the persistent grid under the Triton interpreter
+SPIN_LIMIT_GPU = 1 << 20  # polls before a wait gives up (about a second)
+SPIN_LIMIT_INTERPRETER = 16  # tickets run in order there: a wait never needs a second poll
+NUM_WARPS = 8
+
+
+class MonoError(RuntimeError):
+    """A mono launch posted an error (a hand-off timed out) or was given bad inputs."""
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_SHARED_SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+class MonoRunner:
+    """One rank's mono step for ``tokens`` tokens: a plan, its persistent scratch, the launch."""
+
+    def __init__(
+        self,
+        layer: LayerWeights,
+        tokens: int,
+        *,
+        programs: int | None = None,
+        epoch: int = 1,
+        key_chunk: int = 0,
+        spin_limit: int | None = None,
+        shared: bool = False,
+    ):
+        """``shared``: use the scratch pooled for this geometry (laid out for MAX_TOKENS;
+        ``epoch`` applies only if the pool creates it); otherwise a private scratch for
+        ``tokens`` starting at ``epoch``."""
+        self.layer = layer
+        self.plan = Plan(layer.dims, tokens, key_chunk, MAX_TOKENS if shared else tokens)
+        self.device = layer.wqkv.device
+        if shared:
+            key = (str(self.device), self.plan.dims, self.plan.key_chunk)
+            if key not in _SHARED_SCRATCH:
+                _SHARED_SCRATCH[key] = self.plan.new_scratch(self.device, epoch)
+            self.scratch = _SHARED_SCRATCH[key]
+        else:
+            self.scratch = self.plan.new_scratch(self.device, epoch)
+        self.views = self.plan.views(self.scratch)
+        self.cos, self.sin = rope_tables(layer.dims.model, layer.layer_id, self.device)
+        if programs is None:
+            programs = (
+                INTERPRETER_PROGRAMS
+                if _interpreted()
+                else torch.cuda.get_device_properties(self.device).multi_processor_count
+            )
+        self.programs = programs
+        if spin_limit is None:
+            spin_limit = SPIN_LIMIT_INTERPRETER if _interpreted() else SPIN_LIMIT_GPU
+        self.spin_limit = spin_limit
+
+    @property
+    def epoch(self) -> int:
+        """The tag the next launch will use (reads the device word)."""
+        return int(self.views["ctl"][CTL_EPOCH])
+
+    def reset(self, epoch: int) -> None:
+        """Start over from ``epoch``: control words and mailboxes re-initialised."""
+        self.plan.reset_control(self.scratch, epoch)
+
+    def launch(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        key_table: torch.Tensor,
+        window_cache: PagedKVCache,
+        compressed_cache: PagedKVCache | None,
+        y: torch.Tensor,
+    ) -> None:
+        """One launch writing ``y``; no host sync and no checks (graph-capturable)."""
+        p, m, lw, v = self.plan, self.layer.dims.model, self.layer, self.views
+        comp = window_cache if compressed_cache is None else compressed_cache
+        comp_slots = 0 if compressed_cache is None else compressed_cache.num_slots
+        ends = [st.end for st in p.stages]
+        mono_kernel[(self.programs,)](
+            v["ctl"], v["x8"], v["x8s"], v["xrdy"], v["qkvp"], v["qx8"], v["qx8s"], v["qrdy"],
+            v["q"], v["part"], v["pstat"], v["srdy"], v["xo"], v["xos"], v["crdy"], v["x8b"],
+            v["x8bs"], v["ardy"], v["z"],
+            x, positions, slot_mapping, key_table, window_cache.data, comp.data, y,
+            lw.wqkv, lw.wqkv_scale, lw.q_norm, lw.kv_norm, lw.wq_b, lw.wq_b_scale, lw.wo_a,
+            lw.wo_a_scale, lw.wo_b, lw.wo_b_scale, lw.attn_sink, self.cos, self.sin,
+            p.tokens, p.capacity, window_cache.num_slots, comp_slots, self.cos.shape[0],
+            self.spin_limit, *ends,
+            m.eps, m.softmax_scale,
+            HIDDEN=m.hidden, Q_RANK=m.q_rank, Q_RANK_P=1 << (m.q_rank - 1).bit_length(),
+            QKV_ROWS=m.qkv_rows, NOPE=m.nope_dim, HEADS=p.dims.heads, HEAD_TILES=p.head_tiles,
+            O_RANK=m.o_rank, GROUP_K=p.dims.group_k, O_ROWS=p.dims.o_rows, KEYS=m.keys,
+            KC=p.key_chunk, CHUNKS=p.chunks, WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
+            HAS_COMP=compressed_cache is not None,
+            TB=p.token_block, BK_X=k_block(m.hidden // 2), BK_QR=k_block(m.q_rank),
+            BK_GK=k_block(p.dims.group_k), BK_OR=k_block(p.dims.o_rows), EXACT=_interpreted(),
+            num_warps=NUM_WARPS,
+        )
+
+    def check(self) -> None:
+        """Raise ``MonoError`` naming the task whose wait timed out, if any (syncs the device)."""
+        code = int(self.views["ctl"][CTL_ERROR])
+        if code:
+            ticket = code - 1
+            stage = next(st for st in self.plan.stages if st.first <= ticket < st.end)
+            coords = self.plan.task_coords(stage.name, ticket - stage.first)
+            self.reset(self.epoch)
+            raise MonoError(
+                f"mono kernel: {stage.name} task {coords} (ticket {ticket}) timed out after "
+                f"{self.spin_limit} polls waiting on its inputs; scratch reset"
+            )
+
+    def seams(self, y: torch.Tensor) -> dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+        """The step's seams from the scratch (module docstring), copied."""
+        v, d = self.views, self.layer.dims
+        return {
+            "y": y,
+            "x8": (v["x8"].clone(), v["x8s"].clone()),
+            "qkv": (v["qkvp"][0] + v["qkvp"][1]).to(torch.bfloat16),
+            "q": permute_q_from_fused(v["q"], d.heads, d.model.head_dim),
+            "xo": (v["xo"].clone(), v["xos"].clone()),
+            "z": v["z"].clone(),
+            "z8": (v["x8b"].clone(), v["x8bs"].clone()),
+        }
+
+
+_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def runner_for(layer: LayerWeights, tokens: int) -> MonoRunner:
+    """The cached runner of (layer, tokens), created on first use."""
+    per_layer = _RUNNERS.setdefault(layer, {})
+    if tokens not in per_layer:
+        per_layer[tokens] = MonoRunner(layer, tokens, shared=True)
+    return per_layer[tokens]
+
+
+def validate_inputs(
+    layer: LayerWeights,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    key_table: torch.Tensor,
+    window_cache: PagedKVCache,
+    compressed_cache: PagedKVCache | None,
+) -> None:
+    """SPEC §4 checks: shapes, dtypes, record format, positions, slots and key-table entries."""
+    m = layer.dims.model
+    s = x.shape[0] if x.dim() == 2 else -1
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != m.hidden or not x.is_contiguous():
+        raise MonoError(
+            f"x: expected contiguous bfloat16 [M, {m.hidden}], got {x.dtype} {list(x.shape)}"
+        )
+    if not 1 <= s <= MAX_TOKENS:
+        raise MonoError(f"x: expected 1 <= M <= {MAX_TOKENS} tokens, got {s}")
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
+        if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (s,):
+            raise MonoError(f"{name}: expected int32 or int64 [{s}], got {t.dtype} {list(t.shape)}")
+    if positions.numel() and not bool(((positions >= 0) & (positions < m.max_position)).all()):
+        raise MonoError(
+            f"positions: expected values in [0, {m.max_position}), got {positions.tolist()}"
+        )
+    if tuple(key_table.shape) != (s, m.keys):
+        raise MonoError(
+            f"key_table: expected int32 [{s}, {m.keys}], "
+            f"got {key_table.dtype} {list(key_table.shape)}"
+        )
+    for name, cache in (("window_cache", window_cache), ("compressed_cache", compressed_cache)):
+        if cache is not None and cache.fmt is not FP8_DS_MLA:
+            raise MonoError(f"{name}: expected record format fp8_ds_mla, got {cache.fmt.name}")
+    bad = (slot_mapping < -1) | (slot_mapping >= window_cache.num_slots)
+    if bool(bad.any()):
+        raise MonoError(
+            f"slot_mapping: expected slots in [0, {window_cache.num_slots}) or -1 (padding, "
+            f"stores nothing), got {slot_mapping[bad].tolist()}"
+        )
+    comp_n = 0 if compressed_cache is None else compressed_cache.num_slots
+    try:
+        validate_key_table(key_table, window_cache.num_slots, comp_n)
+    except (IndexError, ValueError) as e:
+        raise MonoError(str(e)) from None
+    for t in (x, positions, slot_mapping, key_table, window_cache.data):
+        if t.device != layer.wqkv.device:
+            raise MonoError(
+                f"inputs: expected tensors on {layer.wqkv.device}, got one on {t.device}"
+            )
+
+
+def mono_step(
+    layer: LayerWeights,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    key_table: torch.Tensor,
+    window_cache: PagedKVCache,
+    compressed_cache: PagedKVCache | None = None,
+    *,
+    validate: bool = False,
+) -> dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+    """One decode step of one rank in one launch; inserts the new records into ``window_cache``.
+
+    ``layer``: the rank's weights (tp 2 or 4); ``x`` bf16 [M, hidden], M <= 48;
+    ``positions`` int64 [M]; ``slot_mapping`` int64 [M]: the new tokens' window
+    slots (-1, or any slot outside the cache, stores nothing); ``key_table`` int32 [M, KEYS]
+    (``slot | 1 << 31`` compressed row, window slot, -1 none; entries outside
+    their cache count as none); caches in the fp8_ds_mla format. Returns the
+    seams of the module docstring.
+    """
+    if validate:
+        validate_inputs(
+            layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
+        )
+    runner = runner_for(layer, x.shape[0])
+    y = torch.empty_like(x)
+    runner.launch(x, positions, slot_mapping, key_table, window_cache, compressed_cache, y)
+    runner.check()
+    return runner.seams(y)

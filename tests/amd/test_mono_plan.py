@@ -1,0 +1,191 @@
+"""The mono plan (task tables, scratch layout) and the schedule executor against the reference."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dsv41.amd.mono import executor as executor_module
+from dsv41.amd.mono.checks import parity
+from dsv41.amd.mono.executor import ScheduleError, ScheduleExecutor
+from dsv41.amd.mono.plan import (
+    BACK,
+    COMBINE_PARTS,
+    CTL_EPOCH,
+    FRONT,
+    MAX_TOKENS,
+    REGION_ALIGN,
+    SCRATCH_ALIGN,
+    STAGES,
+    Plan,
+)
+from dsv41.common.fused_layout import permute_q_from_fused, permute_q_to_fused
+from dsv41.common.geometry import Dims
+from dsv41.common.reference import reference_step
+from dsv41.common.rope import rope_tables
+from dsv41.common.scenario import make_scenario
+from dsv41.common.weights import LayerWeights
+
+
+@pytest.mark.parametrize("model", ["tiny", "dsv41-flash"])
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tokens", [1, 7, 48])
+def test_scratch_layout(model: str, tp: int, tokens: int) -> None:
+    plan = Plan(Dims.of(model, tp), tokens)
+    regions = list(plan.regions.values())
+    assert [r.name for r in regions] == ["ctl", *FRONT, *BACK]
+    for before, after in itertools.pairwise(regions):
+        assert after.offset % REGION_ALIGN == 0
+        assert before.end <= after.offset, f"{before.name} overlaps {after.name}"
+        assert after.offset - before.end < REGION_ALIGN  # packed: only alignment padding
+    assert plan.regions[BACK[0]].offset >= plan.front_bytes >= plan.regions[FRONT[-1]].end
+    assert plan.scratch_bytes % SCRATCH_ALIGN == 0
+    assert 0 <= plan.scratch_bytes - regions[-1].end < SCRATCH_ALIGN
+    scratch = plan.new_scratch()
+    for r in regions:  # every view lies inside the scratch and has its region's shape
+        assert r.view(scratch).shape == r.shape
+
+
+def test_flash_tp4_counts() -> None:
+    plan = Plan(Dims.of("dsv41-flash", 4), 48)
+    tasks = {s.name: s.tasks for s in plan.stages}
+    assert tasks == {
+        "xq": 40, "wqkv": 224, "norm": 48, "wqb": 512, "attn": 480, "combine": 192, "woa": 64,
+        "wob": 320,
+    }
+    assert (plan.key_chunk, plan.chunks, plan.token_block) == (64, 10, 64)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_task_tables_cover_each_unit_once(tp: int) -> None:
+    plan = Plan(Dims.of("tiny", tp), 7)
+    d = plan.dims
+    first = 0
+    for name in STAGES:  # stages tile the tickets in dependency order
+        assert plan.stage(name).first == first
+        first = plan.stage(name).end
+    assert plan.total_tasks == first
+
+    def coords(name):
+        return [plan.task_coords(name, i) for i in range(plan.stage(name).tasks)]
+
+    assert sorted(coords("wqb")) == [
+        (c, h) for c in range(d.model.head_dim // 16) for h in range(d.heads)
+    ]
+    assert coords("attn") == [
+        (s, t, c) for s in range(7) for t in range(plan.head_tiles) for c in range(plan.chunks)
+    ]
+    assert sorted(coords("wqkv")) == [(h, t) for h in range(2) for t in range(plan.wqkv_tiles)]
+    assert coords("xq") == [(h, b) for h in range(2) for b in range(plan.xq_blocks)]
+    assert coords("combine") == [
+        (s, t, c) for s in range(7) for t in range(plan.head_tiles) for c in range(COMBINE_PARTS)
+    ]
+    # wq_b task i writes fused rows 16 i ..: exactly chunk i // heads of head i % heads.
+    fused = permute_q_to_fused(torch.arange(d.q_rows).view(d.heads, d.model.head_dim))
+    for i, (c, h) in enumerate(coords("wqb")):
+        first = h * d.model.head_dim + 16 * c
+        assert fused[16 * i : 16 * i + 16].tolist() == list(range(first, first + 16))
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_bad_tp_raises(tp: int) -> None:
+    with pytest.raises(ValueError, match=rf"tp: expected one of \(2, 4\) .*got {tp}"):
+        Plan(Dims.of("dsv41-flash", tp), 1)
+
+
+@pytest.mark.parametrize("tokens", [0, MAX_TOKENS + 1])
+def test_bad_tokens_raise(tokens: int) -> None:
+    with pytest.raises(ValueError, match=rf"tokens: expected 1 <= tokens <= 48 .*got {tokens}"):
+        Plan(Dims.of("tiny", 2), tokens)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 48])
+def test_capacity_fixes_the_layout(tokens: int) -> None:
+    """Plans of every token count share the layout of their capacity (one scratch for all)."""
+    dims = Dims.of("dsv41-flash", 2)
+    plan = Plan(dims, tokens, capacity=MAX_TOKENS)
+    assert plan.regions == Plan(dims, MAX_TOKENS).regions
+    scratch = plan.new_scratch()
+    views = plan.views(scratch)
+    for name, region in plan.regions.items():  # live rows: the same start, tokens rows
+        assert views[name].data_ptr() == region.view(scratch).data_ptr()
+        if region.token_dim is not None:
+            assert views[name].shape[region.token_dim] == tokens
+    with pytest.raises(ValueError, match=r"capacity: expected tokens \(7\) <= capacity <= 48"):
+        Plan(dims, 7, capacity=5)
+
+
+def test_bad_key_chunk_raises() -> None:
+    with pytest.raises(ValueError, match="key_chunk: expected a power of two"):
+        Plan(Dims.of("tiny", 2), 1, key_chunk=24)
+
+
+@pytest.mark.parametrize("epoch", [1, 2**31 - 1, -(2**31), -1])
+def test_new_scratch_tags_previous_epoch(epoch: int) -> None:
+    plan = Plan(Dims.of("tiny", 4), 3)
+    scratch = plan.new_scratch(epoch=epoch)
+    assert int(plan.regions["ctl"].view(scratch)[CTL_EPOCH]) == epoch
+    previous = (epoch - 1 + 2**31) % 2**32 - 2**31
+    for name in plan.mailboxes:
+        boxes = plan.regions[name].view(scratch)
+        assert boxes[:, 0].eq(0).all() and boxes[:, 1].eq(previous).all()
+
+
+def _run_executor(plan: Plan, lw: LayerWeights, sc, scratch: torch.Tensor) -> dict:
+    cos, sin = rope_tables(lw.dims.model, lw.layer_id)
+    y = torch.empty_like(sc.x)
+    ScheduleExecutor(plan, lw, cos, sin).run(
+        scratch, sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
+        sc.compressed_cache, y,
+    )
+    r = plan.views(scratch)
+    d = plan.dims
+    return {
+        "y": y, "q": permute_q_from_fused(r["q"], d.heads, d.model.head_dim),
+        "xo": (r["xo"], r["xos"]), "z": r["z"], "z8": (r["x8b"], r["x8bs"]),
+    }
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("layer_id", [0, 1, 2])
+@pytest.mark.parametrize("tokens", [1, 7, 48])
+def test_executor_matches_reference(tp: int, layer_id: int, tokens: int, tiny_layer) -> None:
+    lw = tiny_layer(tp, layer_id)
+    sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
+    ref_sc, ex_sc = sc.clone_caches(), sc.clone_caches()
+    ref = reference_step(lw, ref_sc.x, ref_sc.positions, ref_sc.slot_mapping, ref_sc.key_table,
+                         ref_sc.window_cache, ref_sc.compressed_cache)
+    plan = Plan(lw.dims, tokens)
+    scratch = plan.new_scratch(epoch=7)
+    got = parity(lw.dims, _run_executor(plan, lw, ex_sc, scratch), ref)
+    assert got["q_rel"] == 0.0 and got["z_rel"] <= 1e-2  # same roundings: q is exact
+    assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+    assert torch.equal(ex_sc.window_cache.data, ref_sc.window_cache.data)  # same records inserted
+    assert int(plan.regions["ctl"].view(scratch)[CTL_EPOCH]) == 8
+
+
+def test_executor_catches_a_wait_that_points_forward(monkeypatch, tiny_layer) -> None:
+    lw = tiny_layer(4, 0)
+    sc = make_scenario(lw.dims, 0, 2, seed=1)
+    order = list(STAGES)
+    order[2], order[3] = order[3], order[2]  # wqb before the norms it waits on
+    monkeypatch.setattr(executor_module, "STAGES", tuple(order))
+    plan = Plan(lw.dims, 2)
+    with pytest.raises(ScheduleError, match=r"qrdy\[0\]"):
+        _run_executor(plan, lw, sc, plan.new_scratch())
+
+
+def test_mono_never_imports_the_nvidia_backend() -> None:
+    code = (
+        "import sys; import dsv41.amd.mono.launcher, dsv41.amd.mono.executor, "
+        "dsv41.amd.mono.checks; "
+        "bad = sorted(m for m in sys.modules if m.startswith('dsv41.nvidia')); "
+        "assert not bad, bad"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
