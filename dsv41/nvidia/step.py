@@ -8,9 +8,6 @@
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
 6. ``mx_gemm`` (A_MX): ``y = z8 @ Wo_b^T``, this rank's bf16 partial.
 
-On a GPU a side stream reads wq_b, wo_a and wo_b into L2 while launches 1 to 4
-run (``l2_prefetch``), joined at the end of the step.
-
 Every launch takes device tensors only, so a step is capturable in one CUDA
 graph: ``NvidiaStepRunner`` holds the inputs and outputs at fixed addresses,
 captures a step and replays it. Split-K scratch is per runner and never freed
@@ -20,7 +17,6 @@ while a graph may use it.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import torch
 
@@ -28,7 +24,6 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.l2_prefetch import L2Prefetcher
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import Scratch, bucket_for, mx_gemm, scratch_for, sm_count
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
@@ -77,18 +72,6 @@ class StepBuffers:
         return StepBuffers(**{f.name: head(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
-_PREFETCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def prefetcher_for(layer: LayerWeights) -> L2Prefetcher:
-    """The layer's L2 prefetch of wq_b, wo_a and wo_b (in the order the step reads them)."""
-    if layer not in _PREFETCHERS:
-        _PREFETCHERS[layer] = L2Prefetcher([
-            layer.wq_b, layer.wq_b_scale, layer.wo_a, layer.wo_a_scale, layer.wo_b, layer.wo_b_scale,
-        ])
-    return _PREFETCHERS[layer]
-
-
 def _check_inputs(layer: LayerWeights, x, positions, slot_mapping, key_table, window_cache) -> None:
     model = layer.dims.model
     m = x.shape[0]
@@ -127,11 +110,6 @@ def launch_step(
     """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
-    # Later GEMMs' weights stream into L2 beside the first kernels (on a GPU; the interpreter
-    # has no cache to warm).
-    prefetch = prefetcher_for(layer) if x.is_cuda else None
-    if prefetch is not None:
-        prefetch.fork()
     mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
     norm_rope_insert(
         out.qkv,
@@ -175,8 +153,6 @@ def launch_step(
         scratch=scratch["wo_a"],
     )
     mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
-    if prefetch is not None:
-        prefetch.join()
     return {
         "qkv": out.qkv,
         "kv": out.kv,
