@@ -81,7 +81,7 @@ def compare(
     if isinstance(a, tuple):
         agree = (a[1].cpu() == b[1].cpu()).float().mean().item()
         a, b = a[0], b[0]
-    a, b = a.float().cpu().flatten(), b.float().cpu().flatten()
+    a, b = a.double().cpu().flatten(), b.double().cpu().flatten()
     diff = a - b
     max_abs = diff.abs().max().item() if diff.numel() else 0.0
     rel = (diff.norm() / b.norm().clamp_min(1e-30)).item()

@@ -83,3 +83,12 @@ def test_cli_exits_nonzero_and_names_the_seam(monkeypatch, tmp_path, capsys):
     assert "FAILED on seams: qkv" in capsys.readouterr().err
     report = json.loads(out.read_text())
     assert [c["seam"] for c in report["comparisons"] if not c["ok"]] == ["qkv"]
+
+
+def test_the_main_job_is_green_on_cpu_for_every_backend(capsys):
+    """`dsv41 parity` with no arguments: tiny geometry, tp 2, nvidia and mono in the interpreter."""
+    assert cli.main(["parity"]) == 0
+    out = capsys.readouterr().out
+    for pair in ("nvidia vs reference", "mono vs reference", "mono vs nvidia"):
+        assert pair in out
+    assert "FAIL" not in out and "parity ok: 16 comparisons" in out
