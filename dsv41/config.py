@@ -181,16 +181,21 @@ def parse_model_config(raw: dict) -> ModelConfig:
     )
 
 
-def load_model_config(name_or_path: str | Path) -> ModelConfig:
-    """Load ``configs/models/<name>.yaml`` or a YAML file at a path, validated."""
+def _read_yaml(kind: str, name_or_path: str | Path) -> tuple[Path, object]:
+    """``configs/<kind>/<name>.yaml`` (or a path) and its parsed content; names the known ones."""
     path = Path(name_or_path)
     if not path.suffix:
-        path = CONFIG_DIR / "models" / f"{name_or_path}.yaml"
+        path = CONFIG_DIR / kind / f"{name_or_path}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in (CONFIG_DIR / "models").glob("*.yaml"))
-        raise ConfigError(f"model config {name_or_path!r}: no file {path}; known names: {known}")
+        known = sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
+        raise ConfigError(f"{kind} config {name_or_path!r}: no file {path}; known names: {known}")
     with open(path) as f:
-        raw = yaml.safe_load(f)
+        return path, yaml.safe_load(f)
+
+
+def load_model_config(name_or_path: str | Path) -> ModelConfig:
+    """Load ``configs/models/<name>.yaml`` or a YAML file at a path, validated."""
+    path, raw = _read_yaml("models", name_or_path)
     try:
         return parse_model_config(raw)
     except ConfigError as e:
@@ -215,14 +220,7 @@ class DeployConfig:
 
 def load_deploy_config(name_or_path: str | Path) -> DeployConfig:
     """Load ``configs/deploy/<name>.yaml`` (gb200-tp4, h200-tp4, mi355-tp4, mi355-tp2) or a path."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = CONFIG_DIR / "deploy" / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (CONFIG_DIR / "deploy").glob("*.yaml"))
-        raise ConfigError(f"deploy config {name_or_path!r}: no file {path}; known names: {known}")
-    with open(path) as f:
-        raw = yaml.safe_load(f)
+    path, raw = _read_yaml("deploy", name_or_path)
     where = f"{path.name}: "
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}expected a mapping, got {type(raw).__name__}")
