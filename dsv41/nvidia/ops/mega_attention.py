@@ -45,6 +45,7 @@ from dsv41.common.kv_records_tl import decode_entries_tl, fmt_id, load_records_t
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.nvidia.ops.mx_gemm import interpreting, sm_count
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
@@ -116,9 +117,11 @@ def mega_attention_kernel(
     H: tl.constexpr, G: tl.constexpr, KEYS: tl.constexpr, FMT: tl.constexpr,
     WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine."""
+    pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -189,9 +192,11 @@ def mega_attention_combine_kernel(
     pos_ptr, sink_ptr, cos_ptr, sin_ptr, xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
     max_pos,
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of (token, head tile) ``pid(0)``: the splits' partials rescaled to
     their common max and summed in split order, then the epilogue."""
+    pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
     d0 = tl.program_id(1) * W
@@ -349,12 +354,13 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        num_warps=4,
+        num_warps=4, USE_PDL=pdl_enabled(), **pdl_launch_options(),
     )  # fmt: skip
     if splits > 1:
         mega_attention_combine_kernel[(tiles, HEAD_DIM // COMBINE_CHUNK)](
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK, num_warps=4,
+            USE_PDL=pdl_enabled(), **pdl_launch_options(),
         )  # fmt: skip
     return xo, xo_codes, lse

@@ -44,6 +44,7 @@ from dsv41.common.mx import (
     mx_quantize_tl,
 )
 from dsv41.common.rope import rope_pair_tl
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
@@ -147,8 +148,10 @@ def mx_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
+    pdl_prologue_tl(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -470,5 +473,7 @@ def mx_gemm(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **geo,
+        USE_PDL=pdl_enabled(),
+        **pdl_launch_options(),
     )
     return out

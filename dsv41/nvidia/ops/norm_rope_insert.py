@@ -19,6 +19,7 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 
 @triton.jit
@@ -53,8 +54,10 @@ def norm_rope_insert_kernel(
     HALF_ROPE: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr,
     FMT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """qr8 = mxfp8(bf16(rmsnorm(q) q_norm)); kv = bf16(rope(bf16(rmsnorm(kv) kv_norm))) -> cache."""
+    pdl_prologue_tl(USE_PDL)
     t = tl.program_id(0)
     row = qkv_ptr + t.to(tl.int64) * stride_qkv
     # q half: norm, bf16, MXFP8.
@@ -159,4 +162,6 @@ def norm_rope_insert(
         BLOCK_TOKENS=window_cache.block,
         FMT=fmt_id(window_cache.fmt),
         num_warps=4,
+        USE_PDL=pdl_enabled(),
+        **pdl_launch_options(),
     )
