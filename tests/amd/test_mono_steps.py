@@ -34,7 +34,7 @@ def test_timeout_raises_and_recovers(tiny_layer, run_mono, run_reference) -> Non
     lw = tiny_layer(4, 0)
     sc = make_scenario(lw.dims, 0, 2, seed=3)
     runner = MonoRunner(lw, 2, epoch=9)
-    runner.views["xrdy"][2, 0] = -5  # "every wqkv task" now never reaches its count
+    runner.views["xrdy"][1, 0] = -5  # "every wqkv task" now never reaches its count
     with pytest.raises(MonoError, match=r"norm task \(0,\) \(ticket \d+\) timed out"):
         run_mono(runner, sc)
     assert int(runner.views["ctl"][CTL_ERROR]) == 0

@@ -4,7 +4,8 @@
 ``launcher.py``) with ``reference_step``'s: ``y_rel = |y - y_ref| / |y_ref|``
 (Frobenius), ``q_rel`` and ``z_rel`` likewise, and the fraction of E8M0 codes
 that agree for xo (per 32 dims of a head, the reference's codes brought into
-the fused order) and for z's MXFP8 (per 32 of o_rows).
+the fused order) and for z's MXFP8 (per 32 of o_rows); ``code_counts`` gives those
+agreements as counts, to pool over steps.
 ``region_agreement`` diffs two scratches of one plan (kernel against schedule
 executor) region by region.
 """
@@ -34,19 +35,29 @@ def fused_o_codes(codes: torch.Tensor, heads_per_group: int) -> torch.Tensor:
     return codes.view(m, groups, heads_per_group, chunks).transpose(2, 3).reshape(m, -1)
 
 
-def parity(dims: Dims, seams: dict, ref: Seams) -> dict[str, float]:
-    """``{"y_rel", "q_rel", "z_rel", "xo_codes", "z_codes"}`` of mono seams against reference."""
-    m = dims.model
+def code_counts(dims: Dims, seams: dict, ref: Seams) -> dict[str, tuple[int, int]]:
+    """``{"xo": (equal, total), "z": (equal, total)}``: E8M0 codes of mono's xo and z8 that
+    equal the reference's (so tests can pool them over steps)."""
     tokens = ref.y.shape[0]
     z = ref.z.reshape(tokens, dims.o_rows)
-    xo_codes = fused_o_codes(ref.xo[1], m.heads_per_group)
-    return {
+    pairs = {
+        "xo": (seams["xo"][1], fused_o_codes(ref.xo[1], dims.model.heads_per_group)),
+        "z": (seams["z8"][1], mxfp8_quantize(z)[1]),
+    }
+    return {k: (int((a.cpu() == b.cpu()).sum()), b.numel()) for k, (a, b) in pairs.items()}
+
+
+def parity(dims: Dims, seams: dict, ref: Seams) -> dict[str, float]:
+    """``{"y_rel", "q_rel", "z_rel", "xo_codes", "z_codes"}`` of mono seams against reference."""
+    z = ref.z.reshape(ref.y.shape[0], dims.o_rows)
+    out = {
         "y_rel": _rel(seams["y"], ref.y),
         "q_rel": _rel(seams["q"], ref.q),
         "z_rel": _rel(seams["z"], z),
-        "xo_codes": float((seams["xo"][1].cpu() == xo_codes.cpu()).float().mean()),
-        "z_codes": float((seams["z8"][1].cpu() == mxfp8_quantize(z)[1].cpu()).float().mean()),
     }
+    for name, (same, total) in code_counts(dims, seams, ref).items():
+        out[f"{name}_codes"] = same / total
+    return out
 
 
 def region_agreement(plan: Plan, got: torch.Tensor, want: torch.Tensor) -> dict[str, float]:

@@ -113,20 +113,20 @@ class ScheduleExecutor:
         values, codes = mxfp8_quantize(self.x[:, cols])
         self.r["x8"][:, cols] = values
         self.r["x8s"][:, cols.start // MX_BLOCK : cols.stop // MX_BLOCK] = codes
-        self._arrive("xrdy", half, blocks)
+        self._arrive("xrdy", 0, K_HALVES * blocks)
 
     def _wqkv(self, half: int, tile: int) -> None:
-        self._wait("xrdy", half)
+        self._wait("xrdy", 0)
         k = self.m.hidden // K_HALVES
         rows = slice(tile * WQKV_TASK_ROWS, (tile + 1) * WQKV_TASK_ROWS)
         cols, lw = slice(half * k, (half + 1) * k), self.layer
         sc = slice(cols.start // MX_BLOCK, cols.stop // MX_BLOCK)
         partial = self._gemv("x8", cols, lw.wqkv[rows, cols], lw.wqkv_scale[rows, sc])
         self.r["qkvp"][half, :, rows] = partial
-        self._arrive("xrdy", K_HALVES, K_HALVES * self.plan.wqkv_tiles)
+        self._arrive("xrdy", 1, K_HALVES * self.plan.wqkv_tiles)
 
     def _norm(self, s: int) -> None:
-        self._wait("xrdy", K_HALVES)
+        self._wait("xrdy", 1)
         m, lw = self.m, self.layer
         qkv = (self.r["qkvp"][0, s] + self.r["qkvp"][1, s]).to(torch.bfloat16)
         qr = rmsnorm(qkv[: m.q_rank], lw.q_norm, m.eps)

@@ -10,7 +10,9 @@ atomics, at most ``spin_limit`` polls; on a timeout it posts ``ticket + 1`` to
 the error word (first error wins), skips its task and stops taking tickets, and
 every program stops at its next ticket once the error word is set. A producer
 publishes after a CTA barrier, with release atomics. Data produced inside the
-launch is read with ``.cg`` loads (L2, never a stale L1 line).
+launch is read with ``.cg`` loads, and only after every producer of each
+128-B line it touches is done: a GEMV's 4-byte code loads may become
+``cp.async.ca`` copies that fill L1 anyway (plan.py, "Cache lines").
 
 A GEMV task loads its first two weight blocks before it waits on its
 activations and keeps loading two blocks ahead of its multiplies, so weight
@@ -103,14 +105,25 @@ def _mma(a, b, acc, EXACT: tl.constexpr):
 
 @triton.jit
 def _mma_fp32_lhs(a, b, acc, EXACT: tl.constexpr):
-    """``acc + a @ b`` for an fp32 ``a`` that bf16 would round: split into bf16 hi + lo parts."""
+    """``acc + a @ b`` for an fp32 ``a`` and a bf16-exact ``b``: ``a = hi + mid + lo`` in bf16.
+
+    Three bf16 parts carry all 24 bits of an fp32 (each remainder is exact in fp32),
+    so the products are exact. Two parts (16 bits) left a 2^-17 error in the attention
+    output that the bf16 and MXFP8 roundings after it amplify: emulated at the flash
+    geometry (tp 2, 20 tokens), y was 2.9e-3 off the reference with two parts, 2e-4
+    with three.
+    """
     if EXACT:
         return tl.dot(a, b.to(tl.float32), acc, input_precision="ieee")
     else:
+        b16 = b.to(tl.bfloat16)
         hi = a.to(tl.bfloat16)
-        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(hi, b.to(tl.bfloat16), acc)
-        return tl.dot(lo, b.to(tl.bfloat16), acc)
+        rest = a - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(hi, b16, acc)
+        acc = tl.dot(mid, b16, acc)
+        return tl.dot(lo, b16, acc)
 
 
 @triton.jit
@@ -375,14 +388,14 @@ def _wqkv_task(
     acc, ok = _gemv(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
-        HIDDEN, HIDDEN // MX, xrdy_ptr + 2 * half, tag, spin_limit, ctl_ptr, t,
+        HIDDEN, HIDDEN // MX, xrdy_ptr, tag, spin_limit, ctl_ptr, t,
         WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
     tl.store(qkvp_ptr + (half * cap + tok[:, None]) * QKV_ROWS + row0 + r[None, :], acc,
              mask=(tok < S)[:, None])
-    _arrive(xrdy_ptr + 4, 2 * TILES, tag, ok)
+    _arrive(xrdy_ptr + 2, 2 * TILES, tag, ok)
     return ok
 
 
@@ -498,20 +511,20 @@ def mono_kernel(
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error."""
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
-    XQ_BLOCKS: tl.constexpr = HIDDEN // 2 // BK_X
+    XQ_TASKS: tl.constexpr = HIDDEN // BK_X
     tag = tl.atomic_add(ctl_ptr + CTL_EPOCH_, 0, sem="acquire", scope="gpu")
     t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
     ok = t >= 0
     while (t < end_wob) & ok:
         if t < end_xq:  # xq is the first stage: its task index is the ticket
             _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
-            _arrive(xrdy_ptr + 2 * (t // XQ_BLOCKS), XQ_BLOCKS, tag, ok)
+            _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
         elif t < end_wqkv:
             ok = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
                             wqkv_s_ptr, S, cap, tag, spin_limit, ctl_ptr, HIDDEN, QKV_ROWS, TB,
                             BK_X, EXACT)
         elif t < end_norm:
-            ok = _wait(xrdy_ptr + 4, tag, spin_limit, ctl_ptr, t)
+            ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
                 _norm(t - end_wqkv, qkvp_ptr, q_norm_ptr, kv_norm_ptr, qx8_ptr, qx8s_ptr, pos_ptr,
                       slot_ptr, cos_ptr, sin_ptr, rope_rows, win_ptr, win_slots, cap, eps,

@@ -14,10 +14,10 @@ stage      tasks (ticket-local index ``i``)      waits on
 xq         ``half, block = divmod(i, B)``        nothing
            (B = hidden / 2 / k_block): MXFP8 of
            one block of x's columns
-wqkv       ``half = i // T, tile = i % T``        xrdy[half] (every xq block of the half)
-           (T = qkv_rows / 16): 16 rows, one K
+wqkv       ``half = i // T, tile = i % T``        xrdy[0] (every xq task, both halves:
+           (T = qkv_rows / 16): 16 rows, one K    see "Cache lines" below)
            half -> fp32 partial in qkvp[half]
-norm       token ``s = i``: both norms, KV RoPE,  xrdy[2] (every wqkv task)
+norm       token ``s = i``: both norms, KV RoPE,  xrdy[1] (every wqkv task)
            record insert, MXFP8 of qr
 wqb        16 fused-Q rows ``16 i ..``: chunk     qrdy[0] (every norm task)
            ``c = i // heads``, head ``i % heads``
@@ -43,6 +43,15 @@ previous step's tag until its producers are done: nothing is cleared between
 steps, equality is the only test (wrap-around is harmless) and every kernel
 argument is a fixed pointer. Scratch is created with counts 0 and tags
 ``epoch - 1``.
+
+Cache lines: a consumer may read a whole 128-B line, not just its bytes (when
+Triton pipelines a GEMV's 4-byte loads of E8M0 codes into ``cp.async`` copies,
+those are ``.ca``, filling L1, whatever cache modifier the load asked for: only
+16-byte copies can be ``.cg``), and a line it read stays in its SM's L1 for
+later tasks. So a wait must cover every producer of every line a
+task reads, not only of the bytes it uses. x8s's rows (hidden / 32 codes)
+put the two K halves' codes in one line, so Wqkv waits on all of x8, not on
+its half. ``tests/amd/test_mono_handoffs.py`` checks this for every region.
 
 Regions (byte offsets into one uint8 scratch, 256-B aligned, total rounded to
 4096): ``ctl`` (ticket, finished programs, epoch, error word), then the front
@@ -258,7 +267,7 @@ class Plan:
     def mailboxes(self) -> dict[str, int]:
         """Mailboxes of each ``*rdy`` region."""
         return {
-            "xrdy": K_HALVES + 1,  # xq per K half, then "every wqkv task"
+            "xrdy": 2,  # "every xq task", then "every wqkv task"
             "qrdy": 1 + self.head_tiles,  # "every norm task", then wqb per head tile
             "srdy": self.capacity * self.head_tiles,  # attn per (token, tile)
             "crdy": self.head_tiles,  # combine per tile, over tokens and parts
