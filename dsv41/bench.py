@@ -116,15 +116,7 @@ def step_function(backend: str):
         from dsv41.common.reference import reference_step as step_fn
 
     def step(layer, sc):
-        return step_fn(
-            layer,
-            sc.x,
-            sc.positions,
-            sc.slot_mapping,
-            sc.key_table,
-            sc.window_cache,
-            sc.compressed_cache,
-        )
+        return step_fn(layer, *sc.step_args())
 
     return step
 

@@ -58,9 +58,7 @@ def cmd_reference(args) -> int:
     layer = LayerWeights(dims, args.rank, args.layer)
     layer.dummy_load(args.seed)
     sc = make_scenario(dims, args.layer, args.tokens, fmt=args.record_format, seed=args.seed)
-    seams = reference_step(
-        layer, sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache
-    )
+    seams = reference_step(layer, *sc.step_args())
     print(f"reference step: {dims.model.name}, tp {dims.tp} rank {args.rank}, layer {args.layer}, "
           f"{args.tokens} tokens, {args.record_format}")
     print(f"{'seam':<10} {'dtype':<16} {'shape':<20} {'norm':>12}")

@@ -111,7 +111,7 @@ def run_parity(
     results: dict[str, dict[str, object]] = {}
     for name, step in backends.items():
         sc = scenario.clone_caches()
-        seams = step(layer, sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache)
+        seams = step(layer, *sc.step_args())
         results[name] = standard_seams(seams, layer, sc.positions)
     comparisons = []
     for base, tested in itertools.combinations(results, 2):

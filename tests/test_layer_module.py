@@ -40,7 +40,7 @@ def test_forward_equals_the_reference(backend):
     layer = DSV41Attention("tiny", 2, 0, 1, backend=backend)
     layer.weights.dummy_load(4)
     sc = make_scenario(layer.dims, 1, 3, seed=9)
-    ref = reference_step(layer.weights, *_args(sc.clone_caches()))
+    ref = reference_step(layer.weights, *sc.clone_caches().step_args())
     y = layer(sc.x, sc.positions, _metadata(sc))
     assert y.dtype == torch.bfloat16 and y.shape == ref.y.shape
     assert ((y.float() - ref.y.float()).norm() / ref.y.float().norm()).item() < 1e-2
@@ -51,7 +51,3 @@ def test_forward_rejects_a_wrong_x():
     sc = make_scenario(layer.dims, 1, 2, seed=1)
     with pytest.raises(ValueError, match="x: expected bfloat16 \\[M, 256\\], got torch.float32"):
         layer(sc.x.float(), sc.positions, _metadata(sc))
-
-
-def _args(sc):
-    return sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache

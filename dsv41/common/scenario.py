@@ -30,6 +30,12 @@ class Scenario:
     window_cache: PagedKVCache
     compressed_cache: PagedKVCache | None
 
+    def step_args(self) -> tuple:
+        """``(x, positions, slot_mapping, key_table, window_cache, compressed_cache)``: what every
+        backend's step takes after the layer."""
+        return (self.x, self.positions, self.slot_mapping, self.key_table, self.window_cache,
+                self.compressed_cache)
+
     def clone_caches(self) -> Scenario:
         """The same step with private copies of the caches (a step inserts into them)."""
         out = dataclasses.replace(self)

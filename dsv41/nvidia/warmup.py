@@ -38,15 +38,7 @@ class Variant:
 
 
 def _step(layer: LayerWeights, sc: Scenario) -> object:
-    return nvidia_step(
-        layer,
-        sc.x,
-        sc.positions,
-        sc.slot_mapping,
-        sc.key_table,
-        sc.window_cache,
-        sc.compressed_cache,
-    )
+    return nvidia_step(layer, *sc.step_args())
 
 
 def _o_proj(fused: bool) -> Callable[[LayerWeights, Scenario], object]:
