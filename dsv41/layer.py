@@ -138,6 +138,17 @@ def _step_function(backend: str) -> StepFn:
     return reference
 
 
+def _forward_function(backend: str) -> Callable[..., torch.Tensor]:
+    """What ``forward`` runs: the step, y only, without the seam copies or host syncs of the
+    stage-by-stage entry points (mono's timeouts surface at a later call)."""
+    if backend == "mono":
+        from dsv41.amd.mono.launcher import mono_forward
+
+        return mono_forward
+    step = _step_function(backend)
+    return lambda *args: step(*args)["y"]
+
+
 class DSV41Attention(nn.Module):
     """One DeepSeek-V4.1 attention layer on one TP rank; ``forward`` returns the rank's bf16 partial."""
 
@@ -163,8 +174,8 @@ class DSV41Attention(nn.Module):
         self.max_tokens = max_tokens
         device = device or ("cuda" if self.platform.kind != "cpu" else "cpu")
         self.weights = LayerWeights(self.dims, rank, layer_id, device=device)
-        self._step = _step_function(self.backend)
-        self._large_step = _step_function("nvidia") if self.backend == "mono" else self._step
+        self._forward = _forward_function(self.backend)
+        self._large_forward = _forward_function("nvidia") if self.backend == "mono" else self._forward
         log.info("dsv41: layer %d rank %d/%d: backend %s (%s)", layer_id, rank, tp, self.backend, self.reason)
 
     def load_weights(self, weights) -> set[str]:
@@ -179,7 +190,7 @@ class DSV41Attention(nn.Module):
         if positions.shape != (x.shape[0],):
             raise ValueError(f"positions: expected [{x.shape[0]}], got {list(positions.shape)}")
         # Mono's scratch holds MONO_MAX_TOKENS; a larger (prefill) step takes the Triton GEMM path.
-        step = self._step if x.shape[0] <= MONO_MAX_TOKENS else self._large_step
+        forward = self._forward if x.shape[0] <= MONO_MAX_TOKENS else self._large_forward
         c = cache_metadata
-        out = step(self.weights, x, positions, c.slot_mapping, c.key_table, c.window_cache, c.compressed_cache)
-        return out["y"]
+        return forward(self.weights, x, positions, c.slot_mapping, c.key_table, c.window_cache,
+                       c.compressed_cache)

@@ -98,6 +98,10 @@ class MonoRunner:
         if spin_limit is None:
             spin_limit = SPIN_LIMIT_INTERPRETER if _interpreted() else SPIN_LIMIT_GPU
         self.spin_limit = spin_limit
+        # The error word travels to the host behind an event after each server launch, so a
+        # timeout is reported at a later call without a sync on every step.
+        self._error_host = torch.zeros(1, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        self._error_copied: torch.cuda.Event | None = None
 
     @property
     def epoch(self) -> int:
@@ -142,6 +146,21 @@ class MonoRunner:
             BK_GK=k_block(p.dims.group_k), BK_OR=k_block(p.dims.o_rows), EXACT=_interpreted(),
             num_warps=NUM_WARPS,
         )
+
+    def report_async(self) -> None:
+        """Start copying the error word to the host (no sync); ``raise_reported`` reads it."""
+        self._error_host.copy_(self.views["ctl"][CTL_ERROR : CTL_ERROR + 1], non_blocking=True)
+        if self.device.type == "cuda":
+            self._error_copied = torch.cuda.Event()
+            self._error_copied.record()
+
+    def raise_reported(self) -> None:
+        """``check`` if an earlier launch's error word has reached the host set; never waits."""
+        if self._error_copied is not None and not self._error_copied.query():
+            return
+        if int(self._error_host[0]):
+            self._error_host.zero_()
+            self.check()
 
     def check(self) -> None:
         """Raise ``MonoError`` naming the task whose wait timed out, if any (syncs the device)."""
@@ -230,6 +249,31 @@ def validate_inputs(
             raise MonoError(
                 f"inputs: expected tensors on {layer.wqkv.device}, got one on {t.device}"
             )
+
+
+def mono_forward(
+    layer: LayerWeights,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    key_table: torch.Tensor,
+    window_cache: PagedKVCache,
+    compressed_cache: PagedKVCache | None = None,
+) -> torch.Tensor:
+    """The server path of ``mono_step``: one launch, no host sync, no seam copies; returns y.
+
+    A timeout in an earlier launch of the same runner is raised (``MonoError``,
+    scratch reset) by the first call after its error word has reached the host:
+    the y of the launch that timed out is not to be trusted, and the error names
+    it one call later instead of costing a device sync on every layer step.
+    ``mono_step`` checks synchronously.
+    """
+    runner = runner_for(layer, x.shape[0])
+    runner.raise_reported()
+    y = torch.empty_like(x)
+    runner.launch(x, positions, slot_mapping, key_table, window_cache, compressed_cache, y)
+    runner.report_async()
+    return y
 
 
 def mono_step(
