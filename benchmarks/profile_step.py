@@ -60,7 +60,7 @@ def breakdown(dims: Dims, tokens: list[int], layers: int = 4) -> None:
         print(f"  {total:8.2f}  total")
 
 
-def sweep(dims: Dims, tokens: list[int]) -> None:
+def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
     from dsv41.common.mx import E4M3
     from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, gemm_config, mx_gemm, sm_count
 
@@ -74,6 +74,8 @@ def sweep(dims: Dims, tokens: list[int]) -> None:
     sms = sm_count(torch.device("cuda"))
     for m in tokens:
         for site, (n, k, npg, quant) in sites.items():
+            if only and site not in only:
+                continue
             groups = 1 if npg is None else n // npg
             ws = [(torch.randn(n, k, device="cuda").clamp(-400, 400).to(E4M3),
                    torch.randint(118, 124, (n, k // 32), dtype=torch.uint8, device="cuda"))
@@ -85,14 +87,16 @@ def sweep(dims: Dims, tokens: list[int]) -> None:
                     torch.empty(m, n // 32, dtype=torch.uint8, device="cuda")) if quant else None
             default = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=sms)
             configs = {default}
-            # Few K steps a program (all its loads issued at once) with many programs.
-            for bn, bk, iters, nw in itertools.product((16, 32, 64), (128, 256, 512), (1, 2), (4, 8)):
-                if k % (bk * iters) or (npg or n) % bn or (quant and bn % 32):
+            # K steps a program x pipeline depth: with stages >= steps every load of a program
+            # is issued before its first multiply.
+            for bn, bk, iters, st in itertools.product((32, 64), (64, 128, 256), (1, 2, 4, 8),
+                                                       (2, 3, 4, 6)):
+                if k % (bk * iters) or (npg or n) % bn or (quant and bn % 32) or st > iters + 1:
                     continue
                 sk = k // (bk * iters)
-                if not 132 <= (n // bn) * sk <= 132 * 16:
+                if not 132 <= (n // bn) * sk <= 132 * 4:
                     continue
-                configs.add(GemmConfig(default.block_m, bn, bk, sk, nw, 2))
+                configs.add(GemmConfig(default.block_m, bn, bk, sk, 4, st))
             results = []
             scratch = Scratch()
             for cfg in sorted(configs, key=str):
@@ -138,8 +142,19 @@ def sweep(dims: Dims, tokens: list[int]) -> None:
             nbytes = n * k * (1 + 1 / 32)
             d_us = next(us for us, c in results if c == default)
             print(f"\n{site} M={m} N={n} K={k}: default {d_us:.2f} us ({nbytes / d_us / 1e6:.2f} TB/s) {default}")
-            for us, cfg in results[:5]:
+            for us, cfg in results[:6]:
                 print(f"  {us:7.2f} us {nbytes / us / 1e6:5.2f} TB/s  {cfg}")
+            # The default again with one weight copy: weights L2-resident after the first run.
+            g1 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g1):
+                mx_gemm(a, *ws[0], out=out, out8=out8, n_per_group=npg, scratch=scratch, config=default)
+            g1.replay()
+            e0.record()
+            for _ in range(20):
+                g1.replay()
+            e1.record()
+            e1.synchronize()
+            print(f"  default, weights in L2: {e0.elapsed_time(e1) * 1e3 / 20:.2f} us")
 
 
 def main() -> None:
@@ -149,13 +164,14 @@ def main() -> None:
     p.add_argument("--tokens", default="1,48")
     p.add_argument("--breakdown", action="store_true")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sites", default=None, help="comma-separated GEMM sites to sweep (default all)")
     args = p.parse_args()
     dims = Dims.of(args.config, args.tp)
     tokens = [int(t) for t in args.tokens.split(",")]
     if args.breakdown:
         breakdown(dims, tokens)
     if args.sweep:
-        sweep(dims, tokens)
+        sweep(dims, tokens, args.sites.split(",") if args.sites else None)
 
 
 if __name__ == "__main__":

@@ -121,18 +121,19 @@ def build_plan(sites: list[tuple[str, list[torch.Tensor]]], budget: int) -> Pref
 
 @triton.jit
 def l2_prefetch_tl(table_ptr, first, count, PREFETCH: tl.constexpr, LANES: tl.constexpr):
-    """Rows ``first .. first + count`` of the chunk table, spread over the launch's programs.
+    """Rows ``first .. first + count`` of the chunk table, dealt round-robin over the programs.
 
-    ``LANES`` = the program's threads, one bulk prefetch a thread; a lane past the
-    end re-asks for the 16 first bytes of row ``first`` (harmless) instead of branching.
+    Row ``first + pid + programs * j`` goes to lane ``j`` of program ``pid`` (``LANES`` = its
+    threads, one bulk prefetch a thread), so every SM's copy engine takes a share. A lane
+    past the end re-asks for 16 bytes of row ``first`` (harmless) instead of branching.
     """
     if PREFETCH:
         pid = tl.program_id(0) + tl.num_programs(0) * (
             tl.program_id(1) + tl.num_programs(1) * tl.program_id(2)
         )
         programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-        for start in range(pid * LANES, count, programs * LANES):
-            i = start + tl.arange(0, LANES)
+        for start in range(0, count, programs * LANES):
+            i = start + pid + programs * tl.arange(0, LANES)
             ok = i < count
             row = first + tl.where(ok, i, 0)
             addr = tl.load(table_ptr + row * 2)

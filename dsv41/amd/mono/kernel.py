@@ -42,6 +42,7 @@ from dsv41.common.kv_cache import KV_DIM
 from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_tl, store_record_tl
 from dsv41.common.l2_prefetch import l2_prefetch_tl
 from dsv41.common.mx import MX_BLOCK, bf16_round_tl, mx_dequantize_tl, mx_quantize_tl
+from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 
 # The Python constants as constexpr globals, the only globals a jit function may read (a
@@ -213,11 +214,10 @@ def _xq(i, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN: tl.constexpr, TB: tl.constexpr, BK
 
 
 @triton.jit
-def _rmsnorm(v, mask, w_ptr, n, eps, N_P: tl.constexpr):
+def _rmsnorm(v, mask, w_ptr, n: tl.constexpr, eps, N_P: tl.constexpr):
     """``bf16(v / sqrt(mean(v^2) + eps) * w)`` over the first ``n`` of ``v [N_P]``, fp32 out."""
     w = tl.load(w_ptr + tl.arange(0, N_P), mask=mask, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n + eps)
-    return bf16_round_tl(v * inv * w)
+    return bf16_round_tl(v * rms_factor_tl(v, n, eps) * w)
 
 
 @triton.jit

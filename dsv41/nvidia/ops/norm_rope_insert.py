@@ -18,14 +18,9 @@ import triton.language as tl
 from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
+from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
-
-
-@triton.jit
-def _rms_factor(x, n: tl.constexpr, eps):
-    """``1 / sqrt(mean(x^2) + eps)`` over the first n lanes (the rest are 0)."""
-    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
 
 
 @triton.jit
@@ -66,7 +61,7 @@ def norm_rope_insert_kernel(
     q = tl.load(row + dq, mask=q_ok, other=0.0).to(tl.float32)
     qn = (
         q
-        * _rms_factor(q, Q_RANK, eps)
+        * rms_factor_tl(q, Q_RANK, eps)
         * tl.load(q_norm_ptr + dq, mask=q_ok, other=0.0).to(tl.float32)
     )
     qn = bf16_round_tl(qn)
@@ -82,7 +77,7 @@ def norm_rope_insert_kernel(
     d = tl.arange(0, KV_DIM)
     p = d ^ 1
     kv = tl.load(row + Q_RANK + d).to(tl.float32)
-    scale = _rms_factor(kv, KV_DIM, eps)
+    scale = rms_factor_tl(kv, KV_DIM, eps)
     kv = bf16_round_tl(kv * scale * tl.load(kv_norm_ptr + d).to(tl.float32))
     partner = tl.load(row + Q_RANK + p).to(tl.float32)
     partner = bf16_round_tl(partner * scale * tl.load(kv_norm_ptr + p).to(tl.float32))
