@@ -21,7 +21,6 @@ import dataclasses
 import torch
 
 from dsv41.common.kv_cache import PagedKVCache
-from dsv41.common.l2_prefetch import WEIGHT_SITES, layer_plan
 from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
 from dsv41.common.weights import LayerWeights
@@ -30,7 +29,7 @@ from dsv41.nvidia.ops.mx_gemm import Scratch, bucket_for, mx_gemm, scratch_for, 
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
 
 STEP_SEAMS = ("qkv", "kv", "q", "xo", "lse", "z", "z8", "y")
-GEMM_SITES = WEIGHT_SITES
+GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
 
 
 @dataclasses.dataclass
@@ -111,13 +110,7 @@ def launch_step(
     """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
-    plan = layer_plan(layer)
-
-    def pf(site: str):
-        return plan.args(site) if plan is not None else None
-
-    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"],
-            prefetch=pf("wqkv"))  # fmt: skip
+    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
     norm_rope_insert(
         out.qkv,
         layer.q_norm,
@@ -132,8 +125,7 @@ def launch_step(
         kv=out.kv,
         qr8=out.qr8,
     )
-    mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-            prefetch=pf("wq_b"))  # fmt: skip
+    mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
     # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
     splits, _ = attention_splits(
         bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
@@ -159,7 +151,6 @@ def launch_step(
         out8=out.z8,
         n_per_group=model.o_rank,
         scratch=scratch["wo_a"],
-        prefetch=pf("wo_a"),
     )
     mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
     return {

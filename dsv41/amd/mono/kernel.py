@@ -40,7 +40,6 @@ from dsv41.common.fused_layout import Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
 from dsv41.common.kv_cache import KV_DIM
 from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_tl, store_record_tl
-from dsv41.common.l2_prefetch import l2_prefetch_tl
 from dsv41.common.mx import MX_BLOCK, bf16_round_tl, mx_dequantize_tl, mx_quantize_tl
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
@@ -486,7 +485,7 @@ def _wob_task(
 # -- the kernel ----------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["pf_first", "pf_count"])
+@triton.jit
 def mono_kernel(
     # scratch regions (plan.py) and control words
     ctl_ptr, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr,
@@ -496,8 +495,6 @@ def mono_kernel(
     # weights and rope tables
     wqkv_ptr, wqkv_s_ptr, q_norm_ptr, kv_norm_ptr, wqb_ptr, wqb_s_ptr, woa_ptr, woa_s_ptr,
     wob_ptr, wob_s_ptr, sink_ptr, cos_ptr, sin_ptr,
-    # L2 prefetch: chunk table rows [pf_first, pf_first + pf_count) (common/l2_prefetch.py)
-    pf_table_ptr, pf_first, pf_count,
     # runtime scalars: tokens, the scratch's token capacity, cache sizes, rope table rows,
     # spin bound, stage ends (Plan.stages)
     S, cap, win_slots, comp_slots, rope_rows, spin_limit,
@@ -510,11 +507,9 @@ def mono_kernel(
     CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
-    BK_OR: tl.constexpr, EXACT: tl.constexpr, PREFETCH: tl.constexpr, PF_LANES: tl.constexpr,
+    BK_OR: tl.constexpr, EXACT: tl.constexpr,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error."""
-    # Later stages' weights head for L2 now, while the front's hand-offs wait.
-    l2_prefetch_tl(pf_table_ptr, pf_first, pf_count, PREFETCH, PF_LANES)
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
     tag = tl.atomic_add(ctl_ptr + CTL_EPOCH_, 0, sem="acquire", scope="gpu")

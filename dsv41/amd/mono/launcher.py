@@ -39,7 +39,6 @@ from dsv41.amd.mono.kernel import mono_kernel
 from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, MAX_TOKENS, Plan, k_block
 from dsv41.common.fused_layout import permute_q_from_fused
 from dsv41.common.kv_cache import FP8_DS_MLA, PagedKVCache, validate_key_table
-from dsv41.common.l2_prefetch import LANES_PER_WARP, layer_plan
 from dsv41.common.rope import rope_tables
 from dsv41.common.weights import LayerWeights
 
@@ -128,8 +127,6 @@ class MonoRunner:
         comp = window_cache if compressed_cache is None else compressed_cache
         comp_slots = 0 if compressed_cache is None else compressed_cache.num_slots
         ends = [st.end for st in p.stages]
-        pf = layer_plan(lw)
-        pf_table, pf_first, pf_count = pf.args("wqkv") if pf is not None else (y, 0, 0)
         mono_kernel[(self.programs,)](
             v["ctl"], v["x8"], v["x8s"], v["xrdy"], v["qkvp"], v["qx8"], v["qx8s"], v["qrdy"],
             v["q"], v["part"], v["pstat"], v["srdy"], v["xo"], v["xos"], v["crdy"], v["x8b"],
@@ -137,7 +134,6 @@ class MonoRunner:
             x, positions, slot_mapping, key_table, window_cache.data, comp.data, y,
             lw.wqkv, lw.wqkv_scale, lw.q_norm, lw.kv_norm, lw.wq_b, lw.wq_b_scale, lw.wo_a,
             lw.wo_a_scale, lw.wo_b, lw.wo_b_scale, lw.attn_sink, self.cos, self.sin,
-            pf_table, pf_first, pf_count,
             p.tokens, p.capacity, window_cache.num_slots, comp_slots, self.cos.shape[0],
             self.spin_limit, *ends,
             m.eps, m.softmax_scale,
@@ -148,7 +144,7 @@ class MonoRunner:
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, BK_X=k_block(m.hidden // 2), BK_QR=k_block(m.q_rank),
             BK_GK=k_block(p.dims.group_k), BK_OR=k_block(p.dims.o_rows), EXACT=_interpreted(),
-            PREFETCH=pf_count > 0, PF_LANES=LANES_PER_WARP * NUM_WARPS, num_warps=NUM_WARPS,
+            num_warps=NUM_WARPS,
         )
 
     def report_async(self) -> None:

@@ -35,7 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41.common.l2_prefetch import LANES_PER_WARP, l2_prefetch_tl
 from dsv41.common.mx import (
     E4M3,
     MX_BLOCK,
@@ -114,7 +113,7 @@ def o_fused_tile_tl(o_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, s
     return bf16_round_tl(tl.reshape(tl.join(r0, r1), (BLOCK_M, BLOCK_K)))
 
 
-@triton.jit(do_not_specialize=["M", "pf_first", "pf_count"])
+@triton.jit(do_not_specialize=["M"])
 def mx_gemm_kernel(
     a_ptr,
     a_codes_ptr,
@@ -128,9 +127,6 @@ def mx_gemm_kernel(
     pos_ptr,
     cos_ptr,
     sin_ptr,
-    pf_table_ptr,
-    pf_first,
-    pf_count,
     M,
     stride_am,
     stride_acm,
@@ -152,13 +148,10 @@ def mx_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
-    PF_LANES: tl.constexpr = 128,
     USE_PDL: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pdl_prologue_tl(USE_PDL)
-    l2_prefetch_tl(pf_table_ptr, pf_first, pf_count, PREFETCH, PF_LANES)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -380,7 +373,6 @@ def mx_gemm(
     n_per_group: int | None = None,
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
-    prefetch: tuple[torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -388,9 +380,7 @@ def mx_gemm(
     codes uint8 [M, G K / 32])``, or an ``OInput`` (fused WO-A); ``G = N /
     n_per_group`` groups (1 unless grouped). ``w`` e4m3 ``[N, K]``, ``w_scale``
     uint8 ``[N, K / 32]``. ``out8 = (values e4m3 [M, N], codes uint8 [M, N /
-    32])``, when given, receives the MXFP8 cast of the bf16 out. ``prefetch = (table,
-    first, count)`` (a ``PrefetchPlan``'s, count > 0): the launch also asks the L2 for
-    those rows' weight chunks.
+    32])``, when given, receives the MXFP8 cast of the bf16 out.
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -450,7 +440,6 @@ def mx_gemm(
     else:
         part = tickets = out
     o8v, o8c = out8 if quant else (out, out)
-    pf_table, pf_first, pf_count = prefetch if prefetch is not None else (out, 0, 0)
     mx_gemm_kernel[grid](
         a_val,
         a_codes,
@@ -464,9 +453,6 @@ def mx_gemm(
         pos if pos is not None else out,
         cos if cos is not None else out,
         sin if sin is not None else out,
-        pf_table,
-        pf_first,
-        pf_count,
         m,
         stride_am,
         stride_acm,
@@ -484,8 +470,6 @@ def mx_gemm(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k,
-        PREFETCH=pf_count > 0,
-        PF_LANES=LANES_PER_WARP * cfg.num_warps,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **geo,
