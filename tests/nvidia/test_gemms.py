@@ -260,7 +260,8 @@ def test_weight_stream_compiles_to_async_wide_loads_for_sm90():
 
 @pytest.mark.parametrize("a_kind", ["mx", "cast"])
 def test_fp8_mma_loop_equals_the_dequantizing_loop(a_kind):
-    """The e4m3-MMA inner loop (one MX block a step, scales on the product) computes the same GEMM."""
+    """The e4m3 inner loop (swap AB, MX blocks unrolled in a step, scales on each block's product)
+    computes the same GEMM bit for bit, one block a step or a program's whole K in one step."""
     gen = torch.Generator().manual_seed(11)
     n, k, m = 96, 256, 5
     w, block_codes = quantize_weight_blocks(torch.randn(n, k, generator=gen) / 16)
@@ -268,8 +269,8 @@ def test_fp8_mma_loop_equals_the_dequantizing_loop(a_kind):
     x = torch.randn(m, k, generator=gen).bfloat16()
     a = mxfp8_quantize(x) if a_kind == "mx" else x
     ref = mxfp8_dequantize(*mxfp8_quantize(x)) @ dequantize_weight(w, w_scale).T
-    for split_k in (1, 2):
-        cfg = GemmConfig(16, 32, 32, split_k, fp8_mma=True)
+    for split_k, block_k in ((1, 32), (2, 32), (1, 256), (2, 128)):
+        cfg = GemmConfig(16, 32, block_k, split_k, fp8_mma=True)
         y = mx_gemm(a, w, w_scale, config=cfg, scratch=Scratch())
         assert (y.float() - ref).norm() / ref.norm() < 4e-3
         assert torch.equal(y, mx_gemm(a, w, w_scale, scratch=Scratch()))

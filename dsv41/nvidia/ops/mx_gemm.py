@@ -59,6 +59,7 @@ BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 # registers (256 spills at 32 tokens on SM90).
 MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
+FP8_MAX_STEP = 1024  # K columns the e4m3 loop unrolls in one step (32 MX blocks)
 
 
 def interpreting() -> bool:
@@ -162,34 +163,47 @@ def mx_gemm_kernel(
     row_ok = rows < M
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    kk = tl.arange(0, BLOCK_K)
     n64 = n.to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FP8_MMA:
-        # One MX block of K a step: an e4m3 x e4m3 MMA, then both power-of-two scales on the
-        # fp32 product. Weights go global -> shared -> MMA untouched (no per-element convert).
-        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, _MX):
-            k = k0 + tl.arange(0, _MX)
-            w8 = tl.load(w_ptr + n64[:, None] * K + k[None, :], mask=n_ok[:, None], other=0.0)
-            wc = tl.load(w_codes_ptr + n64 * (K // _MX) + k0 // _MX, mask=n_ok, other=0)
-            if A_MODE == A_MX:
-                ka = group * K + k
-                a8 = tl.load(a_ptr + rows[:, None] * stride_am + ka[None, :], mask=row_ok[:, None],
+        # Swap AB, one MX block (K = 32) a dot: out^T [BLOCK_N, BLOCK_M] += (w8 @ a8^T) * sw * sa.
+        # The weight tile is the 64-row side of the MMA; e4m3 -> f16 is exact and one convert
+        # a pair of weights (no fp32 round trip, no per-element scale), and each block's f16
+        # products sum exactly in fp32 before the two power-of-two scales weight them. f16,
+        # not e4m3, operands: SM90's e4m3 MMAs accumulate with fewer bits (measured: y 3.3e-2
+        # off the reference). A step's BLOCK_K / 32 blocks are unrolled, their loads first.
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        j = tl.arange(0, _MX)
+        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
+            for blk in tl.static_range(BLOCK_K // _MX):
+                kb = k0 + blk * _MX
+                w8 = tl.load(w_ptr + n64[:, None] * K + (j + kb)[None, :], mask=n_ok[:, None],
                              other=0.0)  # fmt: skip
-                ac = tl.load(a_codes_ptr + rows * stride_acm + (group * K + k0) // _MX,
-                             mask=row_ok, other=0).to(tl.int32)  # fmt: skip
-            else:
-                if A_MODE == A_CAST:
-                    xa = tl.load(a_ptr + rows[:, None] * stride_am + k[None, :],
-                                 mask=row_ok[:, None], other=0.0).to(tl.float32)  # fmt: skip
+                wc = tl.load(w_codes_ptr + n64 * (K // _MX) + kb // _MX, mask=n_ok, other=0)
+                if A_MODE == A_MX:
+                    a8 = tl.load(a_ptr + rows[:, None] * stride_am + (j + group * K + kb)[None, :],
+                                 mask=row_ok[:, None], other=0.0)  # fmt: skip
+                    ac = tl.load(a_codes_ptr + rows * stride_acm + (group * K + kb) // _MX,
+                                 mask=row_ok, other=0).to(tl.int32)  # fmt: skip
                 else:
-                    xa = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok,
-                                         stride_am, G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, _MX)  # fmt: skip
-                a8, ac2 = mx_quantize_tl(xa, BLOCK_M, _MX)
-                ac = tl.reshape(ac2, (BLOCK_M,))
-            p = tl.dot(a8, tl.trans(w8))
-            acc += (p * e8m0_scale_tl(ac)[:, None]) * e8m0_scale_tl(wc.to(tl.int32))[None, :]
+                    if A_MODE == A_CAST:
+                        xa = tl.load(a_ptr + rows[:, None] * stride_am + (j + kb)[None, :],
+                                     mask=row_ok[:, None], other=0.0).to(tl.float32)  # fmt: skip
+                    else:
+                        xa = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, kb, group,
+                                             row_ok, stride_am, G, HEAD_DIM, NOPE, HALF_ROPE,
+                                             BLOCK_M, _MX)  # fmt: skip
+                    a8, ac2 = mx_quantize_tl(xa, BLOCK_M, _MX)
+                    ac = tl.reshape(ac2, (BLOCK_M,))
+                if DOT_BF16:  # tensor cores (GPU): f16 operands
+                    p = tl.dot(w8.to(tl.float16), tl.trans(a8.to(tl.float16)))
+                else:
+                    p = tl.dot(w8.to(tl.float32), tl.trans(a8.to(tl.float32)),
+                               input_precision="ieee")  # fmt: skip
+                acc_t += p * (e8m0_scale_tl(wc.to(tl.int32))[:, None] * e8m0_scale_tl(ac)[None, :])
+        acc = tl.trans(acc_t)
     else:
+        kk = tl.arange(0, BLOCK_K)
         for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
             k = k0 + kk
             w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K)
@@ -279,9 +293,14 @@ def block_m_for(m: int) -> int:
     return min(64, max(16, triton.next_power_of_2(m)))
 
 
+def fp8_mma_default() -> bool:
+    """Whether configs take the e4m3 (swap-AB, per-block scaled) inner loop: ``DSV41_FP8_MMA=1``."""
+    return os.environ.get("DSV41_FP8_MMA", "0") == "1"
+
+
 def gemm_config(
     m: int, n: int, k: int, *, n_per_group: int, quant_out: bool, sms: int,
-    block_k_max: int = BLOCK_K_MAX,
+    block_k_max: int = BLOCK_K_MAX, fp8_mma: bool = False,
 ) -> GemmConfig:  # fmt: skip
     """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
 
@@ -303,8 +322,11 @@ def gemm_config(
             block_k //= 2
         else:
             break
+    if fp8_mma and k // split_k <= FP8_MAX_STEP:
+        block_k = k // split_k  # one unrolled step: every weight load issued before a dot
     # A program runs few K steps: 2 stages and 4 warps beat 4 / 8 at M = 1 and 48 (H200 sweep).
-    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2)
+    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2,
+                      fp8_mma=fp8_mma)  # fmt: skip
 
 
 class Scratch:
@@ -425,6 +447,7 @@ def mx_gemm(
     cfg = config or gemm_config(
         m, n, k, n_per_group=n_per_group, quant_out=quant, sms=sm_count(dev),
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
+        fp8_mma=mode != A_O and fp8_mma_default(),
     )  # fmt: skip
     if (
         n_per_group % cfg.block_n
