@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|all]
+# ab: the open A/Bs (mono's GEMV K block 128 vs 256; mono against the reference at tp 2).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/dsv41-out}
@@ -20,4 +21,13 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
       --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp${tp}.json" --plot "$OUT/bench_tp${tp}.png" \
       2>&1 | tee "$OUT/bench_tp${tp}.txt" | tail -18
   done
+fi
+if [ "$what" = ab ]; then
+  for gb in 128 256; do
+    DSV41_MONO_GEMV_BLOCK=$gb python3 -m dsv41.cli bench --backend mono --config dsv41-flash --tp 4 \
+      --tokens 1,16,48 --reference-repeats 1 --json "$OUT/ab_gemv$gb.json" > "$OUT/ab_gemv$gb.txt" 2>&1
+    echo "== mono, GEMV block $gb"; grep -E "^mono " "$OUT/ab_gemv$gb.txt" || tail -3 "$OUT/ab_gemv$gb.txt"
+  done
+  python3 benchmarks/mono_regions.py --tp 2 --tokens 1-48 --regions 20 > "$OUT/mono_regions_tp2.txt" 2>&1
+  awk 'NR == 1 || $2 + 0 > 0.003' "$OUT/mono_regions_tp2.txt" | head -20
 fi

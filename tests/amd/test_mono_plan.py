@@ -51,7 +51,8 @@ def test_scratch_layout(model: str, tp: int, tokens: int) -> None:
         assert r.view(scratch).shape == r.shape
 
 
-def test_flash_tp4_counts() -> None:
+def test_flash_tp4_counts(monkeypatch) -> None:
+    monkeypatch.delenv("DSV41_MONO_GEMV_BLOCK", raising=False)  # the default K block
     plan = Plan(Dims.of("dsv41-flash", 4), 48)
     tasks = {s.name: s.tasks for s in plan.stages}
     assert tasks == {
@@ -189,3 +190,16 @@ def test_mono_never_imports_the_nvidia_backend() -> None:
     )
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+def test_gemv_block_override_is_checked(monkeypatch) -> None:
+    from dsv41.amd.mono.plan import GEMV_BLOCK, k_block
+
+    monkeypatch.delenv("DSV41_MONO_GEMV_BLOCK", raising=False)
+    assert k_block(4096) == GEMV_BLOCK and k_block(96) == 32  # largest power of two dividing k
+    monkeypatch.setenv("DSV41_MONO_GEMV_BLOCK", "256")
+    assert k_block(4096) == 256 and k_block(1280) == 256 and k_block(640) == 128
+    for bad in ("100", "2048", "x", "16"):
+        monkeypatch.setenv("DSV41_MONO_GEMV_BLOCK", bad)
+        with pytest.raises(ValueError, match="DSV41_MONO_GEMV_BLOCK: expected a power of two"):
+            k_block(4096)

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 
@@ -76,7 +77,9 @@ MONO_TP = (2, 4)  # ranks the mono kernel is built for
 MAX_TOKENS = 48  # decode tokens a step at most
 WQKV_TASK_ROWS = 16  # rows of a Wqkv task
 K_HALVES = 2  # Wqkv's K dimension runs in two halves
-GEMV_BLOCK = 128  # K columns a GEMV step (and an xq task) covers at most
+GEMV_BLOCK = 128  # K columns a GEMV step (and an xq task) covers at most; DSV41_MONO_GEMV_BLOCK
+# overrides it for A/B runs (256 halves a task's dependent K steps; SM90 ptxas: 88 B of spills
+# against 120 at 16 tokens, tp 4; not yet timed on a GPU)
 KEY_CHUNK = 64  # keys of an attention task (at most; see Plan.key_chunk)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -96,9 +99,21 @@ E4M3 = torch.float8_e4m3fn
 PARTIAL_DTYPE = torch.float32
 
 
+def gemv_block() -> int:
+    """``GEMV_BLOCK``, or ``DSV41_MONO_GEMV_BLOCK`` (a power of two, 32 .. 1024) when set."""
+    raw = os.environ.get("DSV41_MONO_GEMV_BLOCK")
+    if raw is None:
+        return GEMV_BLOCK
+    block = int(raw) if raw.isdigit() else 0
+    if not (32 <= block <= 1024 and block & (block - 1) == 0):
+        raise ValueError(f"DSV41_MONO_GEMV_BLOCK: expected a power of two in 32..1024, got {raw!r}")
+    return block
+
+
 def k_block(k: int) -> int:
-    """The K block of a GEMV over ``k`` columns: the largest power of two dividing k, <= 128."""
-    return min(GEMV_BLOCK, k & -k)
+    """The K block of a GEMV over ``k`` columns: the largest power of two dividing k, at most
+    ``gemv_block()`` (128)."""
+    return min(gemv_block(), k & -k)
 
 
 def _round_up(n: int, align: int) -> int:
