@@ -12,6 +12,7 @@ import torch
 from dsv41.common.geometry import Dims
 from dsv41.common.mx import E4M3
 from dsv41.nvidia.ops.mx_gemm import mx_gemm
+from dsv41.nvidia.step import GEMM_SITES, gemm_shapes
 
 
 def main() -> None:
@@ -19,17 +20,10 @@ def main() -> None:
     p.add_argument("--config", default="dsv41-flash")
     p.add_argument("--tp", type=int, default=4)
     p.add_argument("--tokens", type=int, default=1)
-    p.add_argument("--site", default="wqkv", choices=("wqkv", "wq_b", "wo_a", "wo_b"))
+    p.add_argument("--site", default="wqkv", choices=GEMM_SITES)
     p.add_argument("--launches", type=int, default=6)
     args = p.parse_args()
-    dims = Dims.of(args.config, args.tp)
-    m = dims.model
-    n, k, npg, quant = {
-        "wqkv": (m.qkv_rows, m.hidden, None, False),
-        "wq_b": (dims.q_rows, m.q_rank, None, False),
-        "wo_a": (dims.o_rows, dims.group_k, m.o_rank, True),
-        "wo_b": (m.hidden, dims.o_rows, None, False),
-    }[args.site]
+    n, k, npg, quant = gemm_shapes(Dims.of(args.config, args.tp))[args.site]
     groups = 1 if npg is None else n // npg
     w = torch.randn(n, k, device="cuda").clamp(-400, 400).to(E4M3)
     ws = torch.randint(118, 124, (n, k // 32), dtype=torch.uint8, device="cuda")

@@ -63,14 +63,9 @@ def breakdown(dims: Dims, tokens: list[int], layers: int = 4) -> None:
 def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
     from dsv41.common.mx import E4M3
     from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, gemm_config, mx_gemm, sm_count
+    from dsv41.nvidia.step import gemm_shapes
 
-    m_cfg = dims.model
-    sites = {
-        "wqkv": (m_cfg.qkv_rows, m_cfg.hidden, None, False),
-        "wq_b": (dims.q_rows, m_cfg.q_rank, None, False),
-        "wo_a": (dims.o_rows, dims.group_k, m_cfg.o_rank, True),
-        "wo_b": (m_cfg.hidden, dims.o_rows, None, False),
-    }
+    sites = gemm_shapes(dims)
     sms = sm_count(torch.device("cuda"))
     for m in tokens:
         for site, (n, k, npg, quant) in sites.items():

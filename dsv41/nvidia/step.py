@@ -32,6 +32,17 @@ STEP_SEAMS = ("qkv", "kv", "q", "xo", "lse", "z", "z8", "y")
 GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
 
 
+def gemm_shapes(dims) -> dict[str, tuple[int, int, int | None, bool]]:
+    """Per GEMM site of a rank: ``(N, K, N per group or None, MXFP8 out)`` as ``mx_gemm`` runs it."""
+    m = dims.model
+    return {
+        "wqkv": (m.qkv_rows, m.hidden, None, False),  # 1792 x 5120
+        "wq_b": (dims.q_rows, m.q_rank, None, False),  # heads * 512 x 1280
+        "wo_a": (dims.o_rows, dims.group_k, m.o_rank, True),  # grouped, z re-quantized
+        "wo_b": (m.hidden, dims.o_rows, None, False),
+    }
+
+
 @dataclasses.dataclass
 class StepBuffers:
     """Outputs of the GEMM-side launches for up to ``rows`` tokens (attention allocates its own)."""
