@@ -16,6 +16,7 @@ import statistics
 from collections import defaultdict
 
 import torch
+import triton
 
 from dsv41.common.geometry import Dims
 from dsv41.common.scenario import make_scenario
@@ -81,7 +82,14 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
             out8 = (torch.empty(m, n, dtype=E4M3, device="cuda"),
                     torch.empty(m, n // 32, dtype=torch.uint8, device="cuda")) if quant else None
             default = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=sms)
-            configs = {default}
+            mma = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=sms, gemv_ok=False)
+            configs = {default, mma}
+            # The CUDA-core loop: one weight tile a program, tile shape x warps.
+            for bn, bk, warps in itertools.product((8, 16, 32, 64), (256, 512, 1024), (4, 8)):
+                if k % bk or (npg or n) % bn or (quant and bn % 32) or bn * bk > 32768:
+                    continue
+                configs.add(GemmConfig(triton.next_power_of_2(m), bn, bk, k // bk, warps, 1,
+                                       gemv=True))  # fmt: skip
             # K steps a program x pipeline depth: with stages >= steps every load of a program
             # is issued before its first multiply.
             for bn, bk, iters, st in itertools.product((32, 64), (64, 128, 256), (1, 2, 4, 8),
@@ -91,7 +99,7 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
                 sk = k // (bk * iters)
                 if not 132 <= (n // bn) * sk <= 132 * 4:
                     continue
-                configs.add(GemmConfig(default.block_m, bn, bk, sk, 4, st))
+                configs.add(GemmConfig(mma.block_m, bn, bk, sk, 4, st))
             results = []
             scratch = Scratch()
             for cfg in sorted(configs, key=str):
@@ -137,6 +145,8 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
             nbytes = n * k * (1 + 1 / 32)
             d_us = next(us for us, c in results if c == default)
             print(f"\n{site} M={m} N={n} K={k}: default {d_us:.2f} us ({nbytes / d_us / 1e6:.2f} TB/s) {default}")
+            m_us = next(us for us, c in results if c == mma)
+            print(f"  MMA loop default {m_us:.2f} us ({nbytes / m_us / 1e6:.2f} TB/s) {mma}")
             for us, cfg in results[:6]:
                 print(f"  {us:7.2f} us {nbytes / us / 1e6:5.2f} TB/s  {cfg}")
             # The default again with one weight copy: weights L2-resident after the first run.

@@ -56,7 +56,7 @@ def test_flash_tp4_counts(monkeypatch) -> None:
     plan = Plan(Dims.of("dsv41-flash", 4), 48)
     tasks = {s.name: s.tasks for s in plan.stages}
     assert tasks == {
-        "xq": 40, "wqkv": 224, "norm": 48, "wqb": 512, "attn": 480, "combine": 192, "woa": 64,
+        "xq": 20, "wqkv": 224, "norm": 48, "wqb": 512, "attn": 480, "combine": 192, "woa": 64,
         "wob": 320,
     }
     assert (plan.key_chunk, plan.chunks, plan.token_block) == (64, 10, 64)

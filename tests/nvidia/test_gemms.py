@@ -31,6 +31,8 @@ from dsv41.common.reference import mx_linear, rmsnorm
 from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mx_gemm import (
+    GEMV_MAX_M,
+    GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
     GemmConfig,
     Scratch,
@@ -39,6 +41,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     mx_gemm,
 )
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
+from dsv41.nvidia.step import gemm_shapes
 
 BF16_STEP = 2.0**-7  # bf16 spacing relative to a value, at most
 E4M3_STEP = 2.0**-3
@@ -129,6 +132,54 @@ def test_wo_b(layer):
     z8 = mxfp8_quantize(x_of(5, layer.dims.o_rows, 30))
     got = mx_gemm(z8, layer.wo_b, layer.wo_b_scale)
     assert_bf16_close(got, mx_linear(z8, layer.wo_b, layer.wo_b_scale))
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("site", ["wqkv", "wq_b", "wo_a"])
+def test_cuda_core_loop_matches_the_reference(layer, site, m):
+    """The GEMV loop (forced: 2 K splits, rows past M in its 8-row bucket) against each seam:
+    bf16 x cast in the prologue, MXFP8 qr8, grouped xo with z re-quantized."""
+    dims, model = layer.dims, layer.dims.model
+    z8 = None
+    if site == "wqkv":
+        w, ws, npg, a = layer.wqkv, layer.wqkv_scale, None, x_of(m, model.hidden, 50 + m)
+        want = mx_linear(mxfp8_quantize(a), w, ws)
+    elif site == "wq_b":
+        w, ws, npg = layer.wq_b, layer.wq_b_scale, None
+        a = mxfp8_quantize(x_of(m, model.q_rank, 60 + m))
+        want = mx_linear(a, w, ws)
+    else:
+        w, ws, npg = layer.wo_a, layer.wo_a_scale, model.o_rank
+        a = mxfp8_quantize(x_of(m, dims.heads * model.head_dim, 70 + m))
+        z8 = (torch.empty(m, dims.o_rows, dtype=E4M3),
+              torch.empty(m, dims.o_rows // 32, dtype=torch.uint8))  # fmt: skip
+        wd = dequantize_weight(w, ws).view(dims.groups, model.o_rank, dims.group_k)
+        ad = mxfp8_dequantize(*a).view(m, dims.groups, dims.group_k)
+        want = torch.einsum("mgk,gnk->mgn", ad, wd).reshape(m, dims.o_rows).bfloat16()
+    k = w.shape[1]
+    cfg = GemmConfig(block_m=8, block_n=32, block_k=k // 2, split_k=2, gemv=True)
+    scratch = Scratch()
+    got = mx_gemm(a, w, ws, out8=z8, n_per_group=npg, scratch=scratch, config=cfg)
+    assert_bf16_close(got, want)
+    if z8 is not None:
+        assert_mx_close(z8, mxfp8_quantize(got))
+    assert not scratch.tickets.any()
+
+
+def test_small_buckets_take_the_cuda_core_loop(monkeypatch):
+    """Real geometry, tp 4: buckets up to GEMV_MAX_M run the GEMV loop with one weight tile a
+    program; the MMA loop above them and for the fused WO-A prologue."""
+    monkeypatch.delenv("DSV41_GEMV_MAX_M", raising=False)
+    dims = Dims.of("dsv41-flash", 4)
+    for name, (n, k, npg, quant) in gemm_shapes(dims).items():
+        for m in (1, 2, 8, 16):
+            cfg = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=132)
+            assert cfg.gemv == (m <= GEMV_MAX_M), (name, m, cfg)
+            if cfg.gemv:
+                assert cfg.block_m == m and cfg.block_k * cfg.split_k == k, (name, cfg)
+                assert cfg.block_n * cfg.block_k <= 2 * GEMV_TILE_BYTES, (name, cfg)
+        assert not gemm_config(1, n, k, n_per_group=npg or n, quant_out=quant, sms=132,
+                               gemv_ok=False).gemv  # fmt: skip
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])
@@ -222,13 +273,15 @@ def test_bad_inputs_name_the_argument(layer):
 
 
 SM90_COMPILE = r"""
-import json, re, triton
+import json, re, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
-          "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "FP8_MMA": False}
+          "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "FP8_MMA": False, "GEMV": sys.argv[1] == "gemv"}
+if consts["GEMV"]:
+    consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
          "part_ptr": "*fp32", "ticket_ptr": "*i32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
          "sin_ptr": "*fp32"}
@@ -241,20 +294,25 @@ src = ASTSource(fn=fn, signature=sig,
 ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_stages": 4}).asm["ptx"]
 print(json.dumps({k: len(re.findall(p, ptx)) for k, p in
                   {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
-                   "byte_loads": r"ld\.global\.b8"}.items()}))
+                   "byte_loads": r"ld\.global\.b8", "wide_loads": r"ld\.global\.v4\.b32"}.items()}))
 """
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
-def test_weight_stream_compiles_to_async_wide_loads_for_sm90():
-    """wq_b at M = 1 compiled for SM90 without a GPU: weights arrive by cp.async, not byte loads."""
+@pytest.mark.parametrize("loop", ["mma", "gemv"])
+def test_weight_stream_compiles_to_wide_loads_for_sm90(loop):
+    """wq_b compiled for SM90 without a GPU: the MMA loop's weights arrive by cp.async, the
+    CUDA-core loop's by 16-byte vector loads straight to registers; never by byte loads."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-c", SM90_COMPILE], env=env, capture_output=True,
+    run = subprocess.run([sys.executable, "-c", SM90_COMPILE, loop], env=env, capture_output=True,
                          text=True, cwd=root, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     counts = json.loads(run.stdout.strip().splitlines()[-1])
-    assert counts["cp_async"] > 0 and counts["mma"] > 0, counts
+    if loop == "mma":
+        assert counts["cp_async"] > 0 and counts["mma"] > 0, counts
+    else:  # 64 x 256 bytes over 256 threads: four 16-byte loads each
+        assert counts["wide_loads"] >= 4 and counts["mma"] == 0, counts
     assert counts["byte_loads"] <= 2, counts  # the epilogue's scalar loads at most
 
 

@@ -77,9 +77,8 @@ MONO_TP = (2, 4)  # ranks the mono kernel is built for
 MAX_TOKENS = 48  # decode tokens a step at most
 WQKV_TASK_ROWS = 16  # rows of a Wqkv task
 K_HALVES = 2  # Wqkv's K dimension runs in two halves
-GEMV_BLOCK = 128  # K columns a GEMV step (and an xq task) covers at most; DSV41_MONO_GEMV_BLOCK
-# overrides it for A/B runs (256 halves a task's dependent K steps; SM90 ptxas: 88 B of spills
-# against 120 at 16 tokens, tp 4; not yet timed on a GPU)
+GEMV_BLOCK = 256  # K columns a GEMV step (and an xq task) covers at most; DSV41_MONO_GEMV_BLOCK
+# overrides it for A/B runs (H200, tp 4: 188.6 us a step at M = 1 against 205.2 with 128)
 KEY_CHUNK = 64  # keys of an attention task (at most; see Plan.key_chunk)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks

@@ -60,6 +60,14 @@ BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
 FP8_MAX_STEP = 1024  # K columns the e4m3 loop unrolls in one step (32 MX blocks)
+# The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M: each program loads one
+# weight tile of ~GEMV_TILE_BYTES in a single step (all its loads in flight at once) and
+# reuses it for every token row, so its FMAs grow with M while an MMA tile's do not.
+GEMV_MAX_M = 8
+GEMV_TILE_BYTES = 16384
+GEMV_BLOCK_K_MAX = 1024
+GEMV_BLOCK_N = (16, 64)  # tile rows, least and most
+GEMV_WARPS = 8
 
 
 def interpreting() -> bool:
@@ -141,6 +149,7 @@ def mx_gemm_kernel(
     QUANT_OUT: tl.constexpr,
     DOT_BF16: tl.constexpr,
     FP8_MMA: tl.constexpr,
+    GEMV: tl.constexpr,
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NOPE: tl.constexpr,
@@ -202,6 +211,33 @@ def mx_gemm_kernel(
                                input_precision="ieee")  # fmt: skip
                 acc_t += p * (e8m0_scale_tl(wc.to(tl.int32))[:, None] * e8m0_scale_tl(ac)[None, :])
         acc = tl.trans(acc_t)
+    elif GEMV:
+        # CUDA cores, no MMA: the weight tile [BLOCK_N, blocks, 32] is converted to fp32 once,
+        # and for each token row every block's 32 products are summed (fp32 FMAs, IEEE), then
+        # weighted by the weight's E8M0 scale; the row's MXFP8 value carries its own scale.
+        tl.static_assert(A_MODE != A_O, "the fused WO-A prologue runs on the MMA loop")
+        BLOCKS: tl.constexpr = BLOCK_K // _MX
+        blk = tl.arange(0, BLOCKS)
+        token = tl.arange(0, BLOCK_M)
+        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
+            col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]  # [blocks, 32]
+            w8 = tl.load(w_ptr + n64[:, None, None] * K + col[None, :, :],
+                         mask=n_ok[:, None, None], other=0.0)  # fmt: skip
+            wc = tl.load(w_codes_ptr + n64[:, None] * (K // _MX) + (blk + k0 // _MX)[None, :],
+                         mask=n_ok[:, None], other=0)  # fmt: skip
+            wf = w8.to(tl.float32)
+            ws = e8m0_scale_tl(wc.to(tl.int32))
+            for r in tl.static_range(BLOCK_M):
+                row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
+                if A_MODE == A_MX:
+                    a8 = tl.load(a_ptr + row * stride_am + group * K + col)
+                    ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
+                    a = a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
+                else:  # A_CAST: this row's slice of x, one MX block a row of the [blocks, 32] tile
+                    x = tl.load(a_ptr + row * stride_am + col)
+                    a = _mx_round(x.to(tl.float32), BLOCKS, _MX)
+                dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
+                acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
     else:
         kk = tl.arange(0, BLOCK_K)
         for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
@@ -271,6 +307,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     fp8_mma: bool = False  # K in MX blocks through e4m3 MMAs (else dequantized bf16 tiles)
+    gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
 
 
 def sm_count(device: torch.device) -> int:
@@ -298,15 +335,37 @@ def fp8_mma_default() -> bool:
     return os.environ.get("DSV41_FP8_MMA", "0") == "1"
 
 
+def gemv_max_m() -> int:
+    """The largest token bucket the CUDA-core loop serves: ``DSV41_GEMV_MAX_M`` (0: never)."""
+    return int(os.environ.get("DSV41_GEMV_MAX_M", GEMV_MAX_M))
+
+
+def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
+    """One ``BLOCK_N x BLOCK_K`` weight tile a program (~``GEMV_TILE_BYTES``), K split in tiles."""
+    block_k = GEMV_BLOCK_K_MAX  # the largest power of two <= the cap dividing K (K % 32 == 0)
+    while k % block_k:
+        block_k //= 2
+    block_n = min(GEMV_BLOCK_N[1], max(GEMV_BLOCK_N[0], GEMV_TILE_BYTES // block_k))
+    if quant_out:
+        block_n = max(block_n, MX_BLOCK)  # the epilogue casts whole MX blocks of a row
+    while n_per_group % block_n:
+        block_n //= 2
+    return GemmConfig(triton.next_power_of_2(m), block_n, block_k, k // block_k,
+                      num_warps=GEMV_WARPS, num_stages=1, gemv=True)  # fmt: skip
+
+
 def gemm_config(
     m: int, n: int, k: int, *, n_per_group: int, quant_out: bool, sms: int,
-    block_k_max: int = BLOCK_K_MAX, fp8_mma: bool = False,
+    block_k_max: int = BLOCK_K_MAX, fp8_mma: bool = False, gemv_ok: bool = True,
 ) -> GemmConfig:  # fmt: skip
     """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
 
-    A function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves.
+    Token buckets up to ``gemv_max_m()`` take the CUDA-core loop where ``gemv_ok``. A
+    function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves.
     """
     m = bucket_for(m)
+    if gemv_ok and not fp8_mma and m <= gemv_max_m():
+        return gemv_config(m, n_per_group, k, quant_out=quant_out)
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
     block_n = 64 if n_per_group % 64 == 0 else 32
@@ -447,7 +506,7 @@ def mx_gemm(
     cfg = config or gemm_config(
         m, n, k, n_per_group=n_per_group, quant_out=quant, sms=sm_count(dev),
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
-        fp8_mma=mode != A_O and fp8_mma_default(),
+        fp8_mma=mode != A_O and fp8_mma_default(), gemv_ok=mode != A_O,
     )  # fmt: skip
     if (
         n_per_group % cfg.block_n
@@ -455,6 +514,8 @@ def mx_gemm(
         or (quant and cfg.block_n % MX_BLOCK)
     ):
         raise ValueError(f"config: {cfg} does not tile N per group {n_per_group}, K {k}")
+    if cfg.gemv and (mode == A_O or cfg.fp8_mma):
+        raise ValueError(f"config: the CUDA-core loop takes MXFP8 or bf16 activations, got {cfg}")
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     if cfg.split_k > 1:
         part, tickets = (scratch or scratch_for("default")).get(
@@ -489,6 +550,7 @@ def mx_gemm(
         QUANT_OUT=quant,
         DOT_BF16=not interpreting(),
         FP8_MMA=cfg.fp8_mma,
+        GEMV=cfg.gemv,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
