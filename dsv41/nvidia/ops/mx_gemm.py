@@ -61,13 +61,14 @@ MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
 FP8_MAX_STEP = 1024  # K columns the e4m3 loop unrolls in one step (32 MX blocks)
 # The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M: each program loads one
-# weight tile of ~GEMV_TILE_BYTES in a single step (all its loads in flight at once) and
-# reuses it for every token row, so its FMAs grow with M while an MMA tile's do not.
-GEMV_MAX_M = 8
-GEMV_TILE_BYTES = 16384
+# weight tile of ~GEMV_TILE_BYTES in a single step (all its loads in flight at once, and
+# before the PDL wait). H200, tp 4, M = 1: 7.3 to 8.2 us a site against 10 to 11.6 for the
+# MMA loop; at M = 2 .. 8 its per-row reductions made it 1.2 to 2.8x slower than the MMA loop.
+GEMV_MAX_M = 1
+GEMV_TILE_BYTES = 8192  # 4 warps and 8 KB tiles were best or within 0.7 us at every site
 GEMV_BLOCK_K_MAX = 1024
-GEMV_BLOCK_N = (16, 64)  # tile rows, least and most
-GEMV_WARPS = 8
+GEMV_BLOCK_N = (8, 64)  # tile rows, least and most
+GEMV_WARPS = 4
 
 
 def interpreting() -> bool:
@@ -161,7 +162,6 @@ def mx_gemm_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
-    pdl_prologue_tl(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -173,6 +173,17 @@ def mx_gemm_kernel(
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n64 = n.to(tl.int64)
+    if GEMV:  # one weight tile a program, loaded before the PDL wait: no step writes weights
+        tl.static_assert(BLOCK_K == K_SPLIT, "the CUDA-core loop takes one K step a program")
+        BLOCKS: tl.constexpr = BLOCK_K // _MX
+        blk = tl.arange(0, BLOCKS)
+        k0 = pid_k * K_SPLIT
+        col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]  # [blocks, 32]
+        w8 = tl.load(w_ptr + n64[:, None, None] * K + col[None, :, :], mask=n_ok[:, None, None],
+                     other=0.0)  # fmt: skip
+        wc = tl.load(w_codes_ptr + n64[:, None] * (K // _MX) + (blk + k0 // _MX)[None, :],
+                     mask=n_ok[:, None], other=0)  # fmt: skip
+    pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FP8_MMA:
         # Swap AB, one MX block (K = 32) a dot: out^T [BLOCK_N, BLOCK_M] += (w8 @ a8^T) * sw * sa.
@@ -216,28 +227,20 @@ def mx_gemm_kernel(
         # and for each token row every block's 32 products are summed (fp32 FMAs, IEEE), then
         # weighted by the weight's E8M0 scale; the row's MXFP8 value carries its own scale.
         tl.static_assert(A_MODE != A_O, "the fused WO-A prologue runs on the MMA loop")
-        BLOCKS: tl.constexpr = BLOCK_K // _MX
-        blk = tl.arange(0, BLOCKS)
         token = tl.arange(0, BLOCK_M)
-        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
-            col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]  # [blocks, 32]
-            w8 = tl.load(w_ptr + n64[:, None, None] * K + col[None, :, :],
-                         mask=n_ok[:, None, None], other=0.0)  # fmt: skip
-            wc = tl.load(w_codes_ptr + n64[:, None] * (K // _MX) + (blk + k0 // _MX)[None, :],
-                         mask=n_ok[:, None], other=0)  # fmt: skip
-            wf = w8.to(tl.float32)
-            ws = e8m0_scale_tl(wc.to(tl.int32))
-            for r in tl.static_range(BLOCK_M):
-                row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
-                if A_MODE == A_MX:
-                    a8 = tl.load(a_ptr + row * stride_am + group * K + col)
-                    ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
-                    a = a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
-                else:  # A_CAST: this row's slice of x, one MX block a row of the [blocks, 32] tile
-                    x = tl.load(a_ptr + row * stride_am + col)
-                    a = _mx_round(x.to(tl.float32), BLOCKS, _MX)
-                dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
-                acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
+        wf = w8.to(tl.float32)
+        ws = e8m0_scale_tl(wc.to(tl.int32))
+        for r in tl.static_range(BLOCK_M):
+            row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
+            if A_MODE == A_MX:
+                a8 = tl.load(a_ptr + row * stride_am + group * K + col)
+                ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
+                a = a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
+            else:  # A_CAST: this row's slice of x, one MX block a row of the [blocks, 32] tile
+                x = tl.load(a_ptr + row * stride_am + col)
+                a = _mx_round(x.to(tl.float32), BLOCKS, _MX)
+            dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
+            acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
     else:
         kk = tl.arange(0, BLOCK_K)
         for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
@@ -345,11 +348,12 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     block_k = GEMV_BLOCK_K_MAX  # the largest power of two <= the cap dividing K (K % 32 == 0)
     while k % block_k:
         block_k //= 2
-    block_n = min(GEMV_BLOCK_N[1], max(GEMV_BLOCK_N[0], GEMV_TILE_BYTES // block_k))
-    if quant_out:
-        block_n = max(block_n, MX_BLOCK)  # the epilogue casts whole MX blocks of a row
+    least = MX_BLOCK if quant_out else GEMV_BLOCK_N[0]  # QUANT_OUT casts whole MX blocks
+    block_n = min(GEMV_BLOCK_N[1], max(least, GEMV_TILE_BYTES // block_k))
     while n_per_group % block_n:
         block_n //= 2
+    while block_n * block_k > GEMV_TILE_BYTES and block_k > MX_BLOCK:
+        block_k //= 2
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, k // block_k,
                       num_warps=GEMV_WARPS, num_stages=1, gemv=True)  # fmt: skip
 
@@ -514,8 +518,11 @@ def mx_gemm(
         or (quant and cfg.block_n % MX_BLOCK)
     ):
         raise ValueError(f"config: {cfg} does not tile N per group {n_per_group}, K {k}")
-    if cfg.gemv and (mode == A_O or cfg.fp8_mma):
-        raise ValueError(f"config: the CUDA-core loop takes MXFP8 or bf16 activations, got {cfg}")
+    if cfg.gemv and (mode == A_O or cfg.fp8_mma or cfg.block_k * cfg.split_k != k):
+        raise ValueError(
+            f"config: the CUDA-core loop takes MXFP8 or bf16 activations and one K step a "
+            f"program (block_k * split_k = {k}), got {cfg}"
+        )
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     if cfg.split_k > 1:
         part, tickets = (scratch or scratch_for("default")).get(
