@@ -25,7 +25,6 @@ from dsv41.common.mx import (
     dequantize_weight,
     mxfp8_dequantize,
     mxfp8_quantize,
-    quantize_weight_blocks,
 )
 from dsv41.common.reference import mx_linear, rmsnorm
 from dsv41.common.rope import apply_rope, rope_tables
@@ -279,7 +278,7 @@ from triton.compiler import ASTSource
 from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
-          "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "FP8_MMA": False, "GEMV": sys.argv[1] == "gemv"}
+          "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv"}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
@@ -314,21 +313,3 @@ def test_weight_stream_compiles_to_wide_loads_for_sm90(loop):
     else:  # 64 x 256 bytes over 256 threads: four 16-byte loads each
         assert counts["wide_loads"] >= 4 and counts["mma"] == 0, counts
     assert counts["byte_loads"] <= 2, counts  # the epilogue's scalar loads at most
-
-
-@pytest.mark.parametrize("a_kind", ["mx", "cast"])
-def test_fp8_mma_loop_equals_the_dequantizing_loop(a_kind):
-    """The e4m3 inner loop (swap AB, MX blocks unrolled in a step, scales on each block's product)
-    computes the same GEMM bit for bit, one block a step or a program's whole K in one step."""
-    gen = torch.Generator().manual_seed(11)
-    n, k, m = 96, 256, 5
-    w, block_codes = quantize_weight_blocks(torch.randn(n, k, generator=gen) / 16)
-    w_scale = block_codes.repeat_interleave(32, dim=0)
-    x = torch.randn(m, k, generator=gen).bfloat16()
-    a = mxfp8_quantize(x) if a_kind == "mx" else x
-    ref = mxfp8_dequantize(*mxfp8_quantize(x)) @ dequantize_weight(w, w_scale).T
-    for split_k, block_k in ((1, 32), (2, 32), (1, 256), (2, 128)):
-        cfg = GemmConfig(16, 32, block_k, split_k, fp8_mma=True)
-        y = mx_gemm(a, w, w_scale, config=cfg, scratch=Scratch())
-        assert (y.float() - ref).norm() / ref.norm() < 4e-3
-        assert torch.equal(y, mx_gemm(a, w, w_scale, scratch=Scratch()))

@@ -23,7 +23,9 @@ partials in split order and runs the epilogue: bf16 out and, with
 ``QUANT_OUT``, the MXFP8 cast of that bf16 tile (``BLOCK_N`` a multiple of 32).
 Products of MXFP8 values are exact in bf16 and tf32, so the dot runs on bf16
 operands on the GPU and on fp32 operands under the interpreter (whose bf16
-dot is broken); both accumulate in fp32.
+dot is broken); both accumulate in fp32. Buckets up to ``GEMV_MAX_M`` (one token)
+take a CUDA-core loop instead (``GEMV``): one weight tile a program, loaded
+before the PDL wait, fp32 FMAs, no MMA tile padded to 16 rows.
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 # registers (256 spills at 32 tokens on SM90).
 MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
-FP8_MAX_STEP = 1024  # K columns the e4m3 loop unrolls in one step (32 MX blocks)
 # The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M: each program loads one
 # weight tile of ~GEMV_TILE_BYTES in a single step (all its loads in flight at once, and
 # before the PDL wait). H200, tp 4, M = 1: 7.3 to 8.2 us a site against 10 to 11.6 for the
@@ -149,7 +150,6 @@ def mx_gemm_kernel(
     A_MODE: tl.constexpr,
     QUANT_OUT: tl.constexpr,
     DOT_BF16: tl.constexpr,
-    FP8_MMA: tl.constexpr,
     GEMV: tl.constexpr,
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -185,44 +185,7 @@ def mx_gemm_kernel(
                      mask=n_ok[:, None], other=0)  # fmt: skip
     pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FP8_MMA:
-        # Swap AB, one MX block (K = 32) a dot: out^T [BLOCK_N, BLOCK_M] += (w8 @ a8^T) * sw * sa.
-        # The weight tile is the 64-row side of the MMA; e4m3 -> f16 is exact and one convert
-        # a pair of weights (no fp32 round trip, no per-element scale), and each block's f16
-        # products sum exactly in fp32 before the two power-of-two scales weight them. f16,
-        # not e4m3, operands: SM90's e4m3 MMAs accumulate with fewer bits (measured: y 3.3e-2
-        # off the reference). A step's BLOCK_K / 32 blocks are unrolled, their loads first.
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        j = tl.arange(0, _MX)
-        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
-            for blk in tl.static_range(BLOCK_K // _MX):
-                kb = k0 + blk * _MX
-                w8 = tl.load(w_ptr + n64[:, None] * K + (j + kb)[None, :], mask=n_ok[:, None],
-                             other=0.0)  # fmt: skip
-                wc = tl.load(w_codes_ptr + n64 * (K // _MX) + kb // _MX, mask=n_ok, other=0)
-                if A_MODE == A_MX:
-                    a8 = tl.load(a_ptr + rows[:, None] * stride_am + (j + group * K + kb)[None, :],
-                                 mask=row_ok[:, None], other=0.0)  # fmt: skip
-                    ac = tl.load(a_codes_ptr + rows * stride_acm + (group * K + kb) // _MX,
-                                 mask=row_ok, other=0).to(tl.int32)  # fmt: skip
-                else:
-                    if A_MODE == A_CAST:
-                        xa = tl.load(a_ptr + rows[:, None] * stride_am + (j + kb)[None, :],
-                                     mask=row_ok[:, None], other=0.0).to(tl.float32)  # fmt: skip
-                    else:
-                        xa = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, kb, group,
-                                             row_ok, stride_am, G, HEAD_DIM, NOPE, HALF_ROPE,
-                                             BLOCK_M, _MX)  # fmt: skip
-                    a8, ac2 = mx_quantize_tl(xa, BLOCK_M, _MX)
-                    ac = tl.reshape(ac2, (BLOCK_M,))
-                if DOT_BF16:  # tensor cores (GPU): f16 operands
-                    p = tl.dot(w8.to(tl.float16), tl.trans(a8.to(tl.float16)))
-                else:
-                    p = tl.dot(w8.to(tl.float32), tl.trans(a8.to(tl.float32)),
-                               input_precision="ieee")  # fmt: skip
-                acc_t += p * (e8m0_scale_tl(wc.to(tl.int32))[:, None] * e8m0_scale_tl(ac)[None, :])
-        acc = tl.trans(acc_t)
-    elif GEMV:
+    if GEMV:
         # CUDA cores, no MMA: the weight tile [BLOCK_N, blocks, 32] is converted to fp32 once,
         # and for each token row every block's 32 products are summed (fp32 FMAs, IEEE), then
         # weighted by the weight's E8M0 scale; the row's MXFP8 value carries its own scale.
@@ -309,7 +272,6 @@ class GemmConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    fp8_mma: bool = False  # K in MX blocks through e4m3 MMAs (else dequantized bf16 tiles)
     gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
 
 
@@ -331,11 +293,6 @@ def bucket_for(m: int) -> int:
 def block_m_for(m: int) -> int:
     """Rows of a tile: 16 (the smallest MMA) up to 64, the next power of two >= m."""
     return min(64, max(16, triton.next_power_of_2(m)))
-
-
-def fp8_mma_default() -> bool:
-    """Whether configs take the e4m3 (swap-AB, per-block scaled) inner loop: ``DSV41_FP8_MMA=1``."""
-    return os.environ.get("DSV41_FP8_MMA", "0") == "1"
 
 
 def gemv_max_m() -> int:
@@ -360,7 +317,7 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
 
 def gemm_config(
     m: int, n: int, k: int, *, n_per_group: int, quant_out: bool, sms: int,
-    block_k_max: int = BLOCK_K_MAX, fp8_mma: bool = False, gemv_ok: bool = True,
+    block_k_max: int = BLOCK_K_MAX, gemv_ok: bool = True,
 ) -> GemmConfig:  # fmt: skip
     """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
 
@@ -368,7 +325,7 @@ def gemm_config(
     function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves.
     """
     m = bucket_for(m)
-    if gemv_ok and not fp8_mma and m <= gemv_max_m():
+    if gemv_ok and m <= gemv_max_m():
         return gemv_config(m, n_per_group, k, quant_out=quant_out)
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
@@ -385,11 +342,8 @@ def gemm_config(
             block_k //= 2
         else:
             break
-    if fp8_mma and k // split_k <= FP8_MAX_STEP:
-        block_k = k // split_k  # one unrolled step: every weight load issued before a dot
     # A program runs few K steps: 2 stages and 4 warps beat 4 / 8 at M = 1 and 48 (H200 sweep).
-    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2,
-                      fp8_mma=fp8_mma)  # fmt: skip
+    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2)
 
 
 class Scratch:
@@ -510,7 +464,7 @@ def mx_gemm(
     cfg = config or gemm_config(
         m, n, k, n_per_group=n_per_group, quant_out=quant, sms=sm_count(dev),
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
-        fp8_mma=mode != A_O and fp8_mma_default(), gemv_ok=mode != A_O,
+        gemv_ok=mode != A_O,
     )  # fmt: skip
     if (
         n_per_group % cfg.block_n
@@ -518,7 +472,7 @@ def mx_gemm(
         or (quant and cfg.block_n % MX_BLOCK)
     ):
         raise ValueError(f"config: {cfg} does not tile N per group {n_per_group}, K {k}")
-    if cfg.gemv and (mode == A_O or cfg.fp8_mma or cfg.block_k * cfg.split_k != k):
+    if cfg.gemv and (mode == A_O or cfg.block_k * cfg.split_k != k):
         raise ValueError(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and one K step a "
             f"program (block_k * split_k = {k}), got {cfg}"
@@ -556,7 +510,6 @@ def mx_gemm(
         A_MODE=mode,
         QUANT_OUT=quant,
         DOT_BF16=not interpreting(),
-        FP8_MMA=cfg.fp8_mma,
         GEMV=cfg.gemv,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
