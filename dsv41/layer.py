@@ -20,6 +20,7 @@ from torch import nn
 
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import PagedKVCache
+from dsv41.common.step_inputs import check_step_inputs
 from dsv41.common.weights import LayerWeights
 from dsv41.config import BACKENDS, ModelConfig, load_model_config
 
@@ -184,13 +185,10 @@ class DSV41Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache_metadata: CacheMetadata) -> torch.Tensor:
         """``x`` bf16 [M, hidden], ``positions`` [M] -> this rank's bf16 [M, hidden] partial."""
-        hidden = self.dims.model.hidden
-        if x.dim() != 2 or x.shape[1] != hidden or x.dtype != torch.bfloat16:
-            raise ValueError(f"x: expected bfloat16 [M, {hidden}], got {x.dtype} {list(x.shape)}")
-        if positions.shape != (x.shape[0],):
-            raise ValueError(f"positions: expected [{x.shape[0]}], got {list(positions.shape)}")
+        c = cache_metadata
+        check_step_inputs(self.weights, x, positions, c.slot_mapping, c.key_table, c.window_cache,
+                          c.compressed_cache)  # fmt: skip
         # Mono's scratch holds MONO_MAX_TOKENS; a larger (prefill) step takes the Triton GEMM path.
         forward = self._forward if x.shape[0] <= MONO_MAX_TOKENS else self._large_forward
-        c = cache_metadata
         return forward(self.weights, x, positions, c.slot_mapping, c.key_table, c.window_cache,
                        c.compressed_cache)

@@ -23,6 +23,7 @@ import torch
 from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
+from dsv41.common.step_inputs import check_step_inputs
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import Scratch, bucket_for, mx_gemm, scratch_for, sm_count
@@ -81,30 +82,6 @@ class StepBuffers:
             return tuple(t[:m] for t in v) if isinstance(v, tuple) else v[:m]
 
         return StepBuffers(**{f.name: head(getattr(self, f.name)) for f in dataclasses.fields(self)})
-
-
-def _check_inputs(layer: LayerWeights, x, positions, slot_mapping, key_table, window_cache) -> None:
-    model = layer.dims.model
-    m = x.shape[0]
-    if x.dtype != torch.bfloat16 or tuple(x.shape) != (m, model.hidden):
-        raise ValueError(f"x: expected bfloat16 [M, {model.hidden}], got {x.dtype} {list(x.shape)}")
-    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
-        if tuple(t.shape) != (m,) or t.dtype.is_floating_point:
-            raise ValueError(f"{name}: expected an int tensor [{m}], got {t.dtype} {list(t.shape)}")
-    if key_table.dtype != torch.int32 or key_table.dim() != 2 or key_table.shape[0] != m:
-        raise ValueError(
-            f"key_table: expected int32 [{m}, KEYS], got {key_table.dtype} {list(key_table.shape)}"
-        )
-    if not isinstance(window_cache, PagedKVCache):
-        raise TypeError(f"window_cache: expected a PagedKVCache, got {type(window_cache).__name__}")
-    devices = {
-        t.device for t in (x, positions, slot_mapping, key_table, window_cache.data, layer.wqkv)
-    }
-    if len(devices) != 1:
-        raise ValueError(
-            f"inputs: expected one device for x, positions, slot_mapping, key_table, "
-            f"the caches and the weights, got {sorted(map(str, devices))}"
-        )
 
 
 def launch_step(
@@ -194,7 +171,9 @@ def nvidia_step(
     ``qkv, kv, q`` (fused, before RoPE), ``xo`` (values, codes; fused O layout),
     ``lse, z, z8`` (values, codes) and ``y`` (this rank's bf16 partial).
     """
-    _check_inputs(layer, x, positions, slot_mapping, key_table, window_cache)
+    check_step_inputs(
+        layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
+    )
     out = StepBuffers.allocate(layer, x.shape[0], x.device)
     scratch = {site: scratch_for(site) for site in GEMM_SITES}
     return launch_step(
@@ -266,7 +245,9 @@ class NvidiaStepRunner:
         compressed_cache: PagedKVCache | None = None,
     ) -> dict:
         """Capture one step of these inputs' M in a CUDA graph; returns its fixed-address seams."""
-        _check_inputs(self.layer, x, positions, slot_mapping, key_table, window_cache)
+        check_step_inputs(
+            self.layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
+        )
         self.m = self.load(x, positions, slot_mapping, key_table)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

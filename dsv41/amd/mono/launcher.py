@@ -40,6 +40,7 @@ from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, MAX_TOKENS, Plan, k_block
 from dsv41.common.fused_layout import permute_q_from_fused
 from dsv41.common.kv_cache import FP8_DS_MLA, PagedKVCache, validate_key_table
 from dsv41.common.rope import rope_tables
+from dsv41.common.step_inputs import check_step_inputs
 from dsv41.common.weights import LayerWeights
 
 INTERPRETER_PROGRAMS = 4  # programs of the persistent grid under the Triton interpreter
@@ -210,26 +211,22 @@ def validate_inputs(
     compressed_cache: PagedKVCache | None,
 ) -> None:
     """SPEC §4 checks: shapes, dtypes, record format, positions, slots and key-table entries."""
+    if x.dim() == 2 and not 1 <= x.shape[0] <= MAX_TOKENS:  # the scratch's limit, first
+        raise MonoError(f"x: expected 1 <= M <= {MAX_TOKENS} tokens, got {x.shape[0]}")
+    try:
+        check_step_inputs(layer, x, positions, slot_mapping, key_table, window_cache,
+                          compressed_cache)  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise MonoError(str(e)) from None
     m = layer.dims.model
-    s = x.shape[0] if x.dim() == 2 else -1
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != m.hidden or not x.is_contiguous():
-        raise MonoError(
-            f"x: expected contiguous bfloat16 [M, {m.hidden}], got {x.dtype} {list(x.shape)}"
-        )
-    if not 1 <= s <= MAX_TOKENS:
-        raise MonoError(f"x: expected 1 <= M <= {MAX_TOKENS} tokens, got {s}")
-    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
-        if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (s,):
-            raise MonoError(f"{name}: expected int32 or int64 [{s}], got {t.dtype} {list(t.shape)}")
+    if not x.is_contiguous():
+        raise MonoError(f"x: expected a contiguous tensor, got strides {x.stride()}")
     if positions.numel() and not bool(((positions >= 0) & (positions < m.max_position)).all()):
         raise MonoError(
             f"positions: expected values in [0, {m.max_position}), got {positions.tolist()}"
         )
-    if tuple(key_table.shape) != (s, m.keys):
-        raise MonoError(
-            f"key_table: expected int32 [{s}, {m.keys}], "
-            f"got {key_table.dtype} {list(key_table.shape)}"
-        )
+    if key_table.shape[1] != m.keys:
+        raise MonoError(f"key_table: expected {m.keys} keys a token, got {key_table.shape[1]}")
     for name, cache in (("window_cache", window_cache), ("compressed_cache", compressed_cache)):
         if cache is not None and cache.fmt is not FP8_DS_MLA:
             raise MonoError(f"{name}: expected record format fp8_ds_mla, got {cache.fmt.name}")
@@ -244,11 +241,6 @@ def validate_inputs(
         validate_key_table(key_table, window_cache.num_slots, comp_n)
     except (IndexError, ValueError) as e:
         raise MonoError(str(e)) from None
-    for t in (x, positions, slot_mapping, key_table, window_cache.data):
-        if t.device != layer.wqkv.device:
-            raise MonoError(
-                f"inputs: expected tensors on {layer.wqkv.device}, got one on {t.device}"
-            )
 
 
 def mono_forward(
