@@ -2,7 +2,7 @@
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|all]
-# ab: the open A/Bs (nvidia GEMMs: CUDA-core loop up to which bucket, PDL; tile sweep).
+# ab: the open A/Bs (mono: per-task L2 prefetch, GEMV K block 256 / 512).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/dsv41-out}
@@ -23,17 +23,14 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = ab ]; then
-  # nvidia GEMMs: the CUDA-core loop up to bucket 0 (off) / 8 / 16, with and without PDL.
-  python3 benchmarks/profile_step.py --tp 4 --tokens 1,8 --sweep > "$OUT/sweep.txt" 2>&1
-  grep -E "^(wqkv|wq_b|wo_a|wo_b) M=|MMA loop|^ +[0-9.]+ us" "$OUT/sweep.txt" | head -60
-  python3 benchmarks/profile_step.py --tp 4 --tokens 1,8 --breakdown > "$OUT/breakdown.txt" 2>&1
-  tail -20 "$OUT/breakdown.txt"
-  for pdl in 0 1; do
-    for gm in 0 8 16; do
-      DSV41_PDL=$pdl DSV41_GEMV_MAX_M=$gm python3 -m dsv41.cli bench --backend nvidia \
-        --config dsv41-flash --tp 4 --tokens 1,2,4,8,16 --reference-repeats 1 \
-        --json "$OUT/ab_pdl${pdl}_gemv$gm.json" > "$OUT/ab_pdl${pdl}_gemv$gm.txt" 2>&1
-      echo "== nvidia, PDL $pdl, GEMV up to M = $gm"; grep -E "^nvidia " "$OUT/ab_pdl${pdl}_gemv$gm.txt" || tail -3 "$OUT/ab_pdl${pdl}_gemv$gm.txt"
+  # mono: per-task L2 prefetch of the weight slice (off / on) x GEMV K block (256 / 512).
+  for pf in 0 1; do
+    for gb in 256 512; do
+      DSV41_MONO_L2_PREFETCH=$pf DSV41_MONO_GEMV_BLOCK=$gb python3 -m dsv41.cli bench --backend mono \
+        --config dsv41-flash --tp 4 --tokens 1,16,48 --reference-repeats 1 \
+        --json "$OUT/ab_pf${pf}_gb$gb.json" > "$OUT/ab_pf${pf}_gb$gb.txt" 2>&1
+      echo "== mono, L2 prefetch $pf, GEMV block $gb"; grep -E "^mono " "$OUT/ab_pf${pf}_gb$gb.txt" || tail -3 "$OUT/ab_pf${pf}_gb$gb.txt"
     done
   done
+  DSV41_MONO_L2_PREFETCH=1 python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 4 2>&1 | tail -2
 fi
