@@ -280,7 +280,7 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv"}
 if consts["GEMV"]:
-    consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5)
+    consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
          "part_ptr": "*fp32", "ticket_ptr": "*i32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
          "sin_ptr": "*fp32"}
@@ -291,9 +291,11 @@ src = ASTSource(fn=fn, signature=sig,
                 constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
                 attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
 ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_stages": 4}).asm["ptx"]
-print(json.dumps({k: len(re.findall(p, ptx)) for k, p in
+before_wait = ptx.split("griddepcontrol.wait")[0]
+print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait))} |
+                 {k: len(re.findall(p, ptx)) for k, p in
                   {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
-                   "byte_loads": r"ld\.global\.b8", "wide_loads": r"ld\.global\.v4\.b32"}.items()}))
+                   "byte_loads": r"ld\.global\.b8", "waits": r"griddepcontrol\.wait"}.items()}))
 """
 
 
@@ -301,7 +303,8 @@ print(json.dumps({k: len(re.findall(p, ptx)) for k, p in
 @pytest.mark.parametrize("loop", ["mma", "gemv"])
 def test_weight_stream_compiles_to_wide_loads_for_sm90(loop):
     """wq_b compiled for SM90 without a GPU: the MMA loop's weights arrive by cp.async, the
-    CUDA-core loop's by 16-byte vector loads straight to registers; never by byte loads."""
+    CUDA-core loop's by 16-byte vector loads straight to registers, issued before the PDL
+    wait; never by byte loads."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, "-c", SM90_COMPILE, loop], env=env, capture_output=True,
@@ -311,5 +314,6 @@ def test_weight_stream_compiles_to_wide_loads_for_sm90(loop):
     if loop == "mma":
         assert counts["cp_async"] > 0 and counts["mma"] > 0, counts
     else:  # 64 x 256 bytes over 256 threads: four 16-byte loads each
-        assert counts["wide_loads"] >= 4 and counts["mma"] == 0, counts
+        assert counts["waits"] == 1 and counts["wide_before_wait"] >= 4, counts
+        assert counts["mma"] == 0, counts
     assert counts["byte_loads"] <= 2, counts  # the epilogue's scalar loads at most
