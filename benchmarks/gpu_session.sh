@@ -2,7 +2,7 @@
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|all]
-# ab: the open A/Bs (mono: per-task L2 prefetch, GEMV K block 256 / 512).
+# ab: the open A/Bs (mono: per-task L2 prefetch, GEMV K block 256 / 512; nvidia attention splits).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/dsv41-out}
@@ -33,4 +33,6 @@ if [ "$what" = ab ]; then
     done
   done
   DSV41_MONO_L2_PREFETCH=1 python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 4 2>&1 | tail -2
+  # nvidia attention: key-table splits at 1, 8 and 48 tokens.
+  python3 benchmarks/profile_step.py --tp 4 --tokens 1,8,48 --attn-sweep 2>&1 | grep -E "attention|splits"
 fi

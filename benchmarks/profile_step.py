@@ -4,8 +4,10 @@
 over several layers, averaged per layer, for each M. ``--sweep``: each GEMM
 site of the rank at M tokens under a set of tile configs, timed from a CUDA
 graph that cycles through enough weight copies to miss L2; prints TB/s.
+``--attn-sweep``: the attention launches (mega attention + combine) of M
+tokens at each key-table split count, the default marked.
 
-    python benchmarks/profile_step.py --tp 4 --tokens 1,48 --breakdown --sweep
+    python benchmarks/profile_step.py --tp 4 --tokens 1,48 --breakdown --sweep --attn-sweep
 """
 
 from __future__ import annotations
@@ -23,6 +25,49 @@ from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
 
 COPIES = 8  # weight copies a sweep graph cycles through (>= 80 MB: past the 60 MB L2)
+
+
+def graph_us(run, calls: int = 1, replays: int = 20) -> float:
+    """Median us of one of ``calls`` calls that ``run`` makes, from a captured CUDA graph."""
+    run()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    times = []
+    for _ in range(replays):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def attention_sweep(dims: Dims, tokens: list[int]) -> None:
+    from dsv41.common.rope import rope_tables
+    from dsv41.nvidia.ops.mega_attention import KEY_BLOCK, attention_splits, mega_attention
+    from dsv41.nvidia.ops.mx_gemm import bucket_for, sm_count
+
+    model = dims.model
+    cos, sin = rope_tables(model, 1, torch.device("cuda"))
+    sink = torch.randn(dims.heads, device="cuda")
+    for m in tokens:
+        sc = make_scenario(dims, 1, m, seed=m, device="cuda")
+        q = torch.randn(m, dims.q_rows, device="cuda").bfloat16()
+        keys = sc.key_table.shape[1]
+        default, _ = attention_splits(bucket_for(m), dims.heads, keys, sm_count(q.device))
+        blocks = -(-keys // KEY_BLOCK)
+        print(f"\nattention, M = {m}, {keys} keys: us per step (mega attention + combine)")
+        for splits in sorted({1, 2, 4, 8, 16, blocks, default}):
+            if splits > blocks:
+                continue
+            us = graph_us(lambda s=splits, q=q, sc=sc: mega_attention(
+                q, sc.positions, sc.key_table, sc.window_cache, sc.compressed_cache, sink, cos,
+                sin, softmax_scale=model.softmax_scale, heads_per_group=model.heads_per_group,
+                splits=s))  # fmt: skip
+            print(f"  splits {splits:3d}: {us:7.2f} us{'  (default)' if splits == default else ''}")
 
 
 def breakdown(dims: Dims, tokens: list[int], layers: int = 4) -> None:
@@ -108,38 +153,14 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
                         for w, s in ws:
                             mx_gemm(a, w, s, out=out, out8=out8, n_per_group=npg, scratch=scratch,
                                     config=cfg)
-                    run()
-                    torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        run()
-                    times = []
-                    for _ in range(20):
-                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        e0.record()
-                        g.replay()
-                        e1.record()
-                        e1.synchronize()
-                        times.append(e0.elapsed_time(e1) * 1e3 / COPIES)
-                    us = statistics.median(times)
-                    results.append((us, cfg))
+                    results.append((graph_us(run, COPIES), cfg))
                 except Exception as e:  # noqa: BLE001 -- a config that fails to compile is reported
                     print(f"  {site} {cfg}: {type(e).__name__}: {str(e)[:80]}")
             results.sort(key=lambda r: r[0])
             src = torch.empty(COPIES, n * k, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for i in range(COPIES):
-                    dst[i].copy_(src[i])
-            g.replay()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(10):
-                g.replay()
-            e1.record()
-            e1.synchronize()
-            copy_us = e0.elapsed_time(e1) * 1e3 / (10 * COPIES)
+            copy_us = graph_us(lambda src=src, dst=dst: [dst[i].copy_(src[i]) for i in range(COPIES)],
+                               COPIES)  # fmt: skip
             print(f"\n{site}: a torch copy of the same bytes takes {copy_us:.2f} us "
                   f"({2 * n * k / copy_us / 1e6:.2f} TB/s read + write)")
             nbytes = n * k * (1 + 1 / 32)
@@ -150,16 +171,10 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
             for us, cfg in results[:6]:
                 print(f"  {us:7.2f} us {nbytes / us / 1e6:5.2f} TB/s  {cfg}")
             # The default again with one weight copy: weights L2-resident after the first run.
-            g1 = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g1):
-                mx_gemm(a, *ws[0], out=out, out8=out8, n_per_group=npg, scratch=scratch, config=default)
-            g1.replay()
-            e0.record()
-            for _ in range(20):
-                g1.replay()
-            e1.record()
-            e1.synchronize()
-            print(f"  default, weights in L2: {e0.elapsed_time(e1) * 1e3 / 20:.2f} us")
+            l2_us = graph_us(lambda a=a, w=ws[0], out=out, out8=out8, npg=npg, scratch=scratch,
+                             cfg=default: mx_gemm(a, *w, out=out, out8=out8, n_per_group=npg,
+                                                  scratch=scratch, config=cfg))  # fmt: skip
+            print(f"  default, weights in L2: {l2_us:.2f} us")
 
 
 def main() -> None:
@@ -170,6 +185,7 @@ def main() -> None:
     p.add_argument("--breakdown", action="store_true")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sites", default=None, help="comma-separated GEMM sites to sweep (default all)")
+    p.add_argument("--attn-sweep", action="store_true")
     args = p.parse_args()
     dims = Dims.of(args.config, args.tp)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -177,6 +193,8 @@ def main() -> None:
         breakdown(dims, tokens)
     if args.sweep:
         sweep(dims, tokens, args.sites.split(",") if args.sites else None)
+    if args.attn_sweep:
+        attention_sweep(dims, tokens)
 
 
 if __name__ == "__main__":
