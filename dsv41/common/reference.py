@@ -41,6 +41,17 @@ def mx_linear(x8: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, w_scale: t
     return (mxfp8_dequantize(*x8) @ dequantize_weight(w, w_scale).T).to(torch.bfloat16)
 
 
+def wo_a_grouped(layer, xo_fused: torch.Tensor) -> torch.Tensor:
+    """``z[:, g] = xo_fused[:, g K : (g + 1) K] @ dequant(wo_a)[g]^T`` in fp32 per group g of
+    ``K = group_k`` fused O columns, bf16 ``[M, groups, o_rank]``."""
+    dims = layer.dims
+    wo_a = dequantize_weight(layer.wo_a, layer.wo_a_scale).view(
+        dims.groups, dims.model.o_rank, dims.group_k
+    )
+    xo = xo_fused.float().view(xo_fused.shape[0], dims.groups, dims.group_k)
+    return torch.einsum("mgk,gnk->mgn", xo, wo_a).to(torch.bfloat16)
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` in fp32, bf16 out."""
     xf = x.float()
@@ -102,9 +113,7 @@ def reference_step(
 
     xo = mxfp8_quantize(o)  # standard layout, 32 values of one head per code
     xo_fused = permute_o_to_fused(mxfp8_dequantize(*xo), m.heads_per_group)
-    wo_a = dequantize_weight(layer.wo_a, layer.wo_a_scale).view(dims.groups, m.o_rank, dims.group_k)
-    z = torch.einsum("mgk,gnk->mgn", xo_fused.view(n_tok, dims.groups, dims.group_k), wo_a)
-    z = z.to(torch.bfloat16)
+    z = wo_a_grouped(layer, xo_fused)
     z8 = mxfp8_quantize(z.reshape(n_tok, dims.o_rows))
     y = mx_linear(z8, layer.wo_b, layer.wo_b_scale)
     return Seams(x8=x8, qkv=qkv, qr=qr, kv=kv, q=q, lse=lse, o=o, xo=xo, z=z, y=y)

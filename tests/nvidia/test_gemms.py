@@ -22,11 +22,10 @@ from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import (
     E4M3,
-    dequantize_weight,
     mxfp8_dequantize,
     mxfp8_quantize,
 )
-from dsv41.common.reference import mx_linear, rmsnorm
+from dsv41.common.reference import mx_linear, rmsnorm, wo_a_grouped
 from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mx_gemm import (
@@ -117,11 +116,7 @@ def test_wo_a_grouped_with_z_quantized(layer, m, split_k):
     )
     cfg = GemmConfig(block_m=16, block_n=32, block_k=128, split_k=split_k)
     z = mx_gemm(xo, layer.wo_a, layer.wo_a_scale, out8=z8, n_per_group=model.o_rank, config=cfg)
-    w = dequantize_weight(layer.wo_a, layer.wo_a_scale).view(
-        dims.groups, model.o_rank, dims.group_k
-    )
-    a = mxfp8_dequantize(*xo).view(m, dims.groups, dims.group_k)
-    want = torch.einsum("mgk,gnk->mgn", a, w).reshape(m, dims.o_rows).bfloat16()
+    want = wo_a_grouped(layer, mxfp8_dequantize(*xo)).reshape(m, dims.o_rows)
     assert_bf16_close(z, want)
     assert_mx_close(z8, mxfp8_quantize(z))
 
@@ -152,9 +147,7 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m):
         a = mxfp8_quantize(x_of(m, dims.heads * model.head_dim, 70 + m))
         z8 = (torch.empty(m, dims.o_rows, dtype=E4M3),
               torch.empty(m, dims.o_rows // 32, dtype=torch.uint8))  # fmt: skip
-        wd = dequantize_weight(w, ws).view(dims.groups, model.o_rank, dims.group_k)
-        ad = mxfp8_dequantize(*a).view(m, dims.groups, dims.group_k)
-        want = torch.einsum("mgk,gnk->mgn", ad, wd).reshape(m, dims.o_rows).bfloat16()
+        want = wo_a_grouped(layer, mxfp8_dequantize(*a)).reshape(m, dims.o_rows)
     k = w.shape[1]
     cfg = GemmConfig(block_m=8, block_n=32, block_k=k // 2, split_k=2, gemv=True)
     scratch = Scratch()

@@ -10,8 +10,8 @@ import torch
 
 from dsv41.common.fused_layout import permute_o_to_fused
 from dsv41.common.geometry import Dims
-from dsv41.common.mx import dequantize_weight, mxfp8_dequantize, mxfp8_quantize
-from dsv41.common.reference import mx_linear
+from dsv41.common.mx import mxfp8_dequantize, mxfp8_quantize
+from dsv41.common.reference import mx_linear, wo_a_grouped
 from dsv41.common.rope import apply_inverse_rope, rope_tables
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.o_cast import o_cast
@@ -37,13 +37,8 @@ def reference(layer: LayerWeights, o: torch.Tensor, positions: torch.Tensor):
     m = o.shape[0]
     cos, sin = rope_tables(model, layer.layer_id)
     xo = mxfp8_quantize(apply_inverse_rope(o, positions, cos, sin, model.nope_dim))
-    a = permute_o_to_fused(mxfp8_dequantize(*xo), model.heads_per_group).view(
-        m, dims.groups, dims.group_k
-    )
-    w = dequantize_weight(layer.wo_a, layer.wo_a_scale).view(
-        dims.groups, model.o_rank, dims.group_k
-    )
-    z = torch.einsum("mgk,gnk->mgn", a, w).reshape(m, dims.o_rows).bfloat16()
+    a = permute_o_to_fused(mxfp8_dequantize(*xo), model.heads_per_group)
+    z = wo_a_grouped(layer, a).reshape(m, dims.o_rows)
     return xo, z, mx_linear(mxfp8_quantize(z), layer.wo_b, layer.wo_b_scale)
 
 
