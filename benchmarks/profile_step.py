@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 from collections import defaultdict
 
 import torch
 import triton
 
+from dsv41.bench import replay_seconds
 from dsv41.common.geometry import Dims
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
@@ -28,21 +28,8 @@ COPIES = 8  # weight copies a sweep graph cycles through (>= 80 MB: past the 60 
 
 
 def graph_us(run, calls: int = 1, replays: int = 20) -> float:
-    """Median us of one of ``calls`` calls that ``run`` makes, from a captured CUDA graph."""
-    run()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / calls)
-    return statistics.median(times)
+    """Median us of one of the ``calls`` calls that ``run`` makes, from a captured CUDA graph."""
+    return replay_seconds(run, replays) * 1e6 / calls
 
 
 def attention_sweep(dims: Dims, tokens: list[int]) -> None:

@@ -123,17 +123,26 @@ def step_function(backend: str):
 
 def time_graph(step, layers, scenarios, replays: int) -> float:
     """Median seconds of one replay of a graph holding one step of every layer."""
+
+    def run():
+        for layer, sc in zip(layers, scenarios):
+            step(layer, sc)
+
+    return replay_seconds(run, replays)
+
+
+def replay_seconds(run, replays: int) -> float:
+    """Median seconds of one replay of a CUDA graph capturing ``run()`` (run once before, on a
+    side stream: compiles and sizes scratch)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for layer, sc in zip(layers, scenarios):
-            step(layer, sc)  # compile, size scratch
+        run()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for layer, sc in zip(layers, scenarios):
-            step(layer, sc)
+        run()
     graph.replay()
     torch.cuda.synchronize()
     times = []
