@@ -2,8 +2,7 @@
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|all]
-# ab: the open A/Bs (nvidia: side-stream L2 prefetch; mono: whole-layer L2 prefetch x GEMV K block
-# 256 / 512), then the nvidia GPU tests.
+# ab: the open A/Bs (mono: per-task L2 prefetch, GEMV K block 256 / 512; nvidia attention splits).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/dsv41-out}
@@ -24,14 +23,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = ab ]; then
-  # nvidia: the side-stream L2 prefetch of the step's weights, off / on.
-  for pf in 0 1; do
-    DSV41_L2_PREFETCH=$pf python3 -m dsv41.cli bench --backend nvidia --config dsv41-flash --tp 4 \
-      --tokens 1,2,8,16,48 --reference-repeats 1 --json "$OUT/ab_nv_pf$pf.json" > "$OUT/ab_nv_pf$pf.txt" 2>&1
-    echo "== nvidia, L2 prefetch $pf"; grep -E "^nvidia " "$OUT/ab_nv_pf$pf.txt" || tail -3 "$OUT/ab_nv_pf$pf.txt"
-  done
-  python3 benchmarks/profile_step.py --tp 4 --tokens 1 --breakdown 2>&1 | tail -14
-  # mono: each program's share of the whole layer asked of the L2 at the start, x GEMV block.
+  # mono: per-task L2 prefetch of the weight slice (off / on) x GEMV K block (256 / 512).
   for pf in 0 1; do
     for gb in 256 512; do
       DSV41_MONO_L2_PREFETCH=$pf DSV41_MONO_GEMV_BLOCK=$gb python3 -m dsv41.cli bench --backend mono \
@@ -41,5 +33,6 @@ if [ "$what" = ab ]; then
     done
   done
   DSV41_MONO_L2_PREFETCH=1 python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 4 2>&1 | tail -2
-  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py --timeout 500 2>&1 | tail -4
+  # nvidia attention: key-table splits at 1, 8 and 48 tokens.
+  python3 benchmarks/profile_step.py --tp 4 --tokens 1,8,48 --attn-sweep 2>&1 | grep -E "attention|splits"
 fi

@@ -48,26 +48,19 @@ def bulk_prefetch_l2_tl(addr, nbytes, live):
 
 
 @triton.jit
-def prefetch_share_tl(base, nbytes, share, shares, CHUNK: tl.constexpr, LANES: tl.constexpr):
-    """Ask the L2 for share ``share`` of ``shares`` of the ``nbytes`` bytes at ``base`` (int64):
-    chunks ``share, share + shares, ..`` of CHUNK bytes, LANES at a time. ``base`` and
-    ``nbytes`` are multiples of 16."""
-    lane = tl.arange(0, LANES).to(tl.int64)
-    for c0 in range(0, tl.cdiv(nbytes, CHUNK), LANES * shares):
-        off = (c0 + share + lane * shares) * CHUNK
-        size = tl.minimum(nbytes - off, CHUNK)
-        live = size > 0
-        bulk_prefetch_l2_tl(base + off, tl.where(live, size, 16).to(tl.int32), live)
-
-
-@triton.jit
 def l2_prefetch_kernel(table_ptr, CHUNK: tl.constexpr, LANES: tl.constexpr):
-    """Program (p, r) asks for share p of range r; ``table`` is int64 [R, 2]: (address,
-    bytes), both multiples of 16."""
+    """Program (p, r) asks for chunks ``p * LANES ..`` of range r; ``table`` is int64 [R, 2]:
+    (address, bytes), both multiples of 16."""
+    p = tl.program_id(0)
     r = tl.program_id(1)
     base = tl.load(table_ptr + 2 * r)
     nbytes = tl.load(table_ptr + 2 * r + 1)
-    prefetch_share_tl(base, nbytes, tl.program_id(0), tl.num_programs(0), CHUNK, LANES)
+    first = p.to(tl.int64) * (LANES * CHUNK)
+    if first < nbytes:
+        off = first + tl.arange(0, LANES).to(tl.int64) * CHUNK
+        size = tl.minimum(nbytes - off, CHUNK)
+        live = size > 0
+        bulk_prefetch_l2_tl(base + off, tl.where(live, size, 16).to(tl.int32), live)
 
 
 def l2_prefetch_enabled(device: torch.device) -> bool:

@@ -40,7 +40,6 @@ from dsv41.common.fused_layout import Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
 from dsv41.common.kv_cache import KV_DIM
 from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_tl, store_record_tl
-from dsv41.common.l2_prefetch import CHUNK_BYTES, LANES, prefetch_share_tl
 from dsv41.common.mx import MX_BLOCK, bf16_round_tl, mx_dequantize_tl, mx_quantize_tl
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
@@ -63,8 +62,6 @@ CTL_TICKET_: tl.constexpr = tl.constexpr(CTL_TICKET)
 CTL_FINISHED_: tl.constexpr = tl.constexpr(CTL_FINISHED)
 CTL_EPOCH_: tl.constexpr = tl.constexpr(CTL_EPOCH)
 CTL_ERROR_: tl.constexpr = tl.constexpr(CTL_ERROR)
-PREFETCH_CHUNK: tl.constexpr = tl.constexpr(CHUNK_BYTES)
-PREFETCH_LANES: tl.constexpr = tl.constexpr(LANES)
 
 # -- hand-offs -------------------------------------------------------------------
 
@@ -173,18 +170,36 @@ def _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0, K: tl.constexpr, ROWS:
 
 
 @triton.jit
+def _prefetch_l2(w_ptr, w_stride, ROWS: tl.constexpr, K: tl.constexpr):
+    """Ask the L2 for ``w[:ROWS, :K]``: one bulk prefetch a row of K bytes (SM90 PTX; no
+    registers held, nothing waits on it). K and the row stride are multiples of 16 bytes."""
+    tl.static_assert(K % 16 == 0, "a bulk prefetch moves whole 16-byte units")
+    rows = w_ptr + tl.arange(0, ROWS) * w_stride
+    tl.inline_asm_elementwise(
+        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+        [rows.to(tl.int64, bitcast=True), tl.full((ROWS,), K, tl.int32)], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )
+
+
+@triton.jit
 def _gemv(
     a_ptr, as_ptr, a_stride, S,
     w_ptr, ws_ptr, w_stride, ws_stride,
     box_ptr, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
+    L2_PREFETCH: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``.
 
     The first two weight blocks are loaded before the wait; each later one is
     loaded two blocks ahead of its multiply, so weights stream through the wait
-    and the loop (they are read once: evict first). Returns ``(acc, ok)``.
+    and the loop (they are read once: evict first). With ``L2_PREFETCH`` the
+    task first asks the L2 for its whole weight slice, so the later blocks are
+    in flight from the start instead of two at a time. Returns ``(acc, ok)``.
     """
+    if L2_PREFETCH:
+        _prefetch_l2(w_ptr, w_stride, ROWS, K)
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
     tok = tl.arange(0, TB)
@@ -389,7 +404,7 @@ def _combine(
 def _wqkv_task(
     t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr,
+    EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
@@ -400,7 +415,7 @@ def _wqkv_task(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, L2_PREFETCH,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
@@ -415,7 +430,7 @@ def _wqb_task(
     t, i, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
     S, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
-    BK: tl.constexpr, EXACT: tl.constexpr,
+    BK: tl.constexpr, EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
@@ -423,7 +438,7 @@ def _wqb_task(
         qx8_ptr, qx8s_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT, L2_PREFETCH,
     )
     tok = tl.arange(0, TB)
     q = bf16_round_tl(acc)
@@ -447,7 +462,7 @@ def _woa_task(
     t, i, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, w_ptr, ws_ptr,
     S, tag, spin_limit, ctl_ptr,
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
-    TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
+    TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
 ):
     """wo_a rows ``32 i ..`` of group ``32 i // o_rank``: ``z = bf16(xo_g @ wo_a^T)``,
     ``x8b = mxfp8(z)``."""
@@ -458,7 +473,7 @@ def _woa_task(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K, ws_ptr + row0 * (GROUP_K // MX), GROUP_K, GROUP_K // MX,
         crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_), tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, GROUP_K, TB, BK, EXACT,
+        WOA_ROWS, GROUP_K, TB, BK, EXACT, L2_PREFETCH,
     )
     z = bf16_round_tl(acc)
     values, codes = mx_quantize_tl(z, TB, WOA_ROWS)
@@ -477,14 +492,14 @@ def _woa_task(
 def _wob_task(
     t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr,
+    EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
     acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT, L2_PREFETCH,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOB_ROWS)
@@ -494,34 +509,6 @@ def _wob_task(
 
 
 # -- the kernel ----------------------------------------------------------------------
-
-
-@triton.jit
-def _prefetch_weights(
-    wqkv_ptr, wqkv_s_ptr, wqb_ptr, wqb_s_ptr, woa_ptr, woa_s_ptr, wob_ptr, wob_s_ptr,
-    HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, Q_RANK: tl.constexpr, HEADS: tl.constexpr,
-    GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
-):
-    """This program's share of every weight and scale of the step, asked of the L2 (no wait)."""
-    i = tl.program_id(0)
-    n = tl.num_programs(0)
-    WQB_ROWS_ALL: tl.constexpr = HEADS * HEAD_DIM
-    _prefetch_share(wqkv_ptr, QKV_ROWS * HIDDEN, i, n)
-    _prefetch_share(wqkv_s_ptr, QKV_ROWS * HIDDEN // MX, i, n)
-    _prefetch_share(wqb_ptr, WQB_ROWS_ALL * Q_RANK, i, n)
-    _prefetch_share(wqb_s_ptr, WQB_ROWS_ALL * Q_RANK // MX, i, n)
-    _prefetch_share(woa_ptr, O_ROWS * GROUP_K, i, n)
-    _prefetch_share(woa_s_ptr, O_ROWS * GROUP_K // MX, i, n)
-    _prefetch_share(wob_ptr, HIDDEN * O_ROWS, i, n)
-    _prefetch_share(wob_s_ptr, HIDDEN * O_ROWS // MX, i, n)
-
-
-@triton.jit
-def _prefetch_share(ptr, NBYTES: tl.constexpr, share, shares):
-    """Share ``share`` of ``shares`` of the tensor at ``ptr`` (``NBYTES`` bytes, whole 16-byte
-    units; a ragged tail is left out)."""
-    prefetch_share_tl(ptr.to(tl.int64, bitcast=True), NBYTES // 16 * 16, share, shares,
-                      PREFETCH_CHUNK, PREFETCH_LANES)
 
 
 @triton.jit
@@ -548,16 +535,8 @@ def mono_kernel(
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
 ):
-    """One layer step: take tickets until ``end_wob`` (the task count) or an error.
-
-    With ``L2_PREFETCH`` each program first asks the L2 for its share of every
-    weight of the step, so the whole layer's weights are in flight from the
-    start instead of two blocks a GEMV task.
-    """
+    """One layer step: take tickets until ``end_wob`` (the task count) or an error."""
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
-    if L2_PREFETCH:
-        _prefetch_weights(wqkv_ptr, wqkv_s_ptr, wqb_ptr, wqb_s_ptr, woa_ptr, woa_s_ptr, wob_ptr,
-                          wob_s_ptr, HIDDEN, QKV_ROWS, Q_RANK, HEADS, GROUP_K, O_ROWS)
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
     tag = tl.atomic_add(ctl_ptr + CTL_EPOCH_, 0, sem="acquire", scope="gpu")
     t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
@@ -569,7 +548,7 @@ def mono_kernel(
         elif t < end_wqkv:
             ok = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
                             wqkv_s_ptr, S, cap, tag, spin_limit, ctl_ptr, HIDDEN, QKV_ROWS, TB,
-                            BK_X, EXACT)
+                            BK_X, EXACT, L2_PREFETCH)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -580,7 +559,7 @@ def mono_kernel(
         elif t < end_wqb:
             ok = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr,
                            pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, spin_limit, ctl_ptr,
-                           Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT)
+                           Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT, L2_PREFETCH)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -605,10 +584,11 @@ def mono_kernel(
         elif t < end_woa:
             ok = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr,
                            ardy_ptr, z_ptr, woa_ptr, woa_s_ptr, S, tag, spin_limit, ctl_ptr,
-                           HEADS, O_RANK, GROUP_K, O_ROWS, TB, BK_GK, EXACT)
+                           HEADS, O_RANK, GROUP_K, O_ROWS, TB, BK_GK, EXACT, L2_PREFETCH)
         else:
             ok = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr, wob_s_ptr,
-                           S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT)
+                           S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT,
+                           L2_PREFETCH)
         if ok:
             # An atomic, not a volatile load: one thread reads and the CTA shares the value, so
             # every thread leaves the loop together (a per-thread read could split the CTA).

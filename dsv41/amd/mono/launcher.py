@@ -58,8 +58,8 @@ def _interpreted() -> bool:
 
 
 def l2_prefetch_enabled() -> bool:
-    """``DSV41_MONO_L2_PREFETCH=1`` on an NVIDIA GPU: each program first asks the L2 for its share
-    of the step's weights (a PTX bulk prefetch: not on ROCm, not in the interpreter)."""
+    """``DSV41_MONO_L2_PREFETCH=1`` on an NVIDIA GPU: each GEMV task asks the L2 for its whole
+    weight slice first (a PTX bulk prefetch: not on ROCm, not in the interpreter)."""
     return (
         os.environ.get("DSV41_MONO_L2_PREFETCH") == "1"
         and not _interpreted()
