@@ -8,10 +8,6 @@
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
 6. ``mx_gemm`` (A_MX): ``y = z8 @ Wo_b^T``, this rank's bf16 partial.
 
-Alongside, on a side stream forked at the start of the step and joined at its
-end, one small kernel asks the L2 for every weight the four GEMMs will read
-(``dsv41.common.l2_prefetch``; SM90+, ``DSV41_L2_PREFETCH=0`` turns it off).
-
 Every launch takes device tensors only, so a step is capturable in one CUDA
 graph: ``NvidiaStepRunner`` holds the inputs and outputs at fixed addresses,
 captures a step and replays it. Split-K scratch is per runner and never freed
@@ -25,7 +21,6 @@ import dataclasses
 import torch
 
 from dsv41.common.kv_cache import PagedKVCache
-from dsv41.common.l2_prefetch import l2_prefetched
 from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
@@ -36,14 +31,6 @@ from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
 
 STEP_SEAMS = ("qkv", "kv", "q", "xo", "lse", "z", "z8", "y")
 GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
-
-
-def step_weights(layer: LayerWeights) -> tuple[torch.Tensor, ...]:
-    """The weights and scales of the step's GEMMs, in the order the step reads them."""
-    return tuple(
-        getattr(layer, name + suffix) for name in GEMM_SITES
-        for suffix in ("", "_scale")
-    )
 
 
 def gemm_shapes(dims) -> dict[str, tuple[int, int, int | None, bool]]:
@@ -108,68 +95,62 @@ def launch_step(
     out: StepBuffers,
     scratch: dict[str, Scratch],
 ) -> dict:
-    """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync).
-
-    The launches run while a side stream asks the L2 for all the step's weights
-    (``l2_prefetched``), so the four GEMMs' weight streams overlap instead of each
-    ramping up alone.
-    """
-    with l2_prefetched(step_weights(layer)):
-        model = layer.dims.model
-        cos, sin = rope_tables(model, layer.layer_id, x.device)
-        mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
-        norm_rope_insert(
-            out.qkv,
-            layer.q_norm,
-            layer.kv_norm,
-            positions,
-            slot_mapping,
-            window_cache,
-            cos,
-            sin,
-            eps=model.eps,
-            nope=model.nope_dim,
-            kv=out.kv,
-            qr8=out.qr8,
-        )
-        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
-        # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
-        splits, _ = attention_splits(
-            bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
-        )
-        xo, xo_codes, lse = mega_attention(
-            out.q,
-            positions,
-            key_table,
-            window_cache,
-            compressed_cache,
-            layer.attn_sink,
-            cos,
-            sin,
-            softmax_scale=model.softmax_scale,
-            heads_per_group=model.heads_per_group,
-            splits=splits,
-        )
-        mx_gemm(
-            (xo, xo_codes),
-            layer.wo_a,
-            layer.wo_a_scale,
-            out=out.z,
-            out8=out.z8,
-            n_per_group=model.o_rank,
-            scratch=scratch["wo_a"],
-        )
-        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
-        return {
-            "qkv": out.qkv,
-            "kv": out.kv,
-            "q": out.q,
-            "xo": (xo, xo_codes),
-            "lse": lse,
-            "z": out.z,
-            "z8": out.z8,
-            "y": out.y,
-        }
+    """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
+    model = layer.dims.model
+    cos, sin = rope_tables(model, layer.layer_id, x.device)
+    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
+    norm_rope_insert(
+        out.qkv,
+        layer.q_norm,
+        layer.kv_norm,
+        positions,
+        slot_mapping,
+        window_cache,
+        cos,
+        sin,
+        eps=model.eps,
+        nope=model.nope_dim,
+        kv=out.kv,
+        qr8=out.qr8,
+    )
+    mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
+    # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
+    splits, _ = attention_splits(
+        bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
+    )
+    xo, xo_codes, lse = mega_attention(
+        out.q,
+        positions,
+        key_table,
+        window_cache,
+        compressed_cache,
+        layer.attn_sink,
+        cos,
+        sin,
+        softmax_scale=model.softmax_scale,
+        heads_per_group=model.heads_per_group,
+        splits=splits,
+    )
+    mx_gemm(
+        (xo, xo_codes),
+        layer.wo_a,
+        layer.wo_a_scale,
+        out=out.z,
+        out8=out.z8,
+        n_per_group=model.o_rank,
+        scratch=scratch["wo_a"],
+    )
+    mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
+    return {
+        "qkv": out.qkv,
+        "kv": out.kv,
+        "q": out.q,
+        "xo": (xo, xo_codes),
+        "lse": lse,
+        "z": out.z,
+        "z8": out.z8,
+        "y": out.y,
+    }
 
 
 def nvidia_step(

@@ -14,7 +14,6 @@ if not torch.cuda.is_available():
 
 from dsv41.common.fused_layout import permute_o_to_fused
 from dsv41.common.geometry import Dims
-from dsv41.common.l2_prefetch import l2_prefetch_enabled
 from dsv41.common.mx import mxfp8_dequantize, mxfp8_quantize
 from dsv41.common.reference import mx_linear, reference_step, wo_a_grouped
 from dsv41.common.rope import apply_inverse_rope, rope_tables
@@ -124,22 +123,3 @@ def test_graph_replay_equals_eager(layer, m):
             assert torch.equal(got[name], want[name]), name
         assert torch.equal(got["xo"][0].view(torch.uint8), want["xo"][0].view(torch.uint8))
         assert torch.equal(graph_caches.window_cache.data, eager_caches.window_cache.data)
-
-
-@pytest.mark.parametrize("m", [1, 48])
-def test_l2_prefetch_changes_no_bit(layer, m, monkeypatch):
-    """The side-stream L2 prefetch is on by default on SM90+ and only hints the cache."""
-    monkeypatch.delenv("DSV41_L2_PREFETCH", raising=False)
-    assert l2_prefetch_enabled(DEVICE) == (torch.cuda.get_device_capability()[0] >= 9)
-    sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_mx", seed=11 + m, device=DEVICE)
-    steps = {}
-    for flag in ("1", "0"):
-        monkeypatch.setenv("DSV41_L2_PREFETCH", flag)
-        c = sc.clone_caches()
-        steps[flag] = nvidia_step(
-            layer, c.x, c.positions, c.slot_mapping, c.key_table, c.window_cache,
-            c.compressed_cache,
-        )
-    torch.cuda.synchronize()
-    for name in ("qkv", "kv", "q", "lse", "z", "y"):
-        assert torch.equal(steps["1"][name], steps["0"][name]), name
