@@ -13,7 +13,6 @@ import torch
 from dsv41.amd.mono import executor as executor_module
 from dsv41.amd.mono.checks import parity
 from dsv41.amd.mono.executor import ScheduleError, ScheduleExecutor
-from dsv41.amd.mono.launcher import l2_prefetch_enabled
 from dsv41.amd.mono.plan import (
     BACK,
     COMBINE_PARTS,
@@ -205,13 +204,3 @@ def test_gemv_block_override_is_checked(monkeypatch) -> None:
         with pytest.raises(ValueError, match="DSV41_MONO_GEMV_BLOCK: expected a power of two"):
             k_block(4096)
 
-
-def test_l2_prefetch_only_where_its_ptx_runs(monkeypatch) -> None:
-    """The PTX bulk prefetch is asked for by the switch, and never under the interpreter."""
-    monkeypatch.setenv("DSV41_MONO_L2_PREFETCH", "1")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not l2_prefetch_enabled()
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert l2_prefetch_enabled() == (torch.version.hip is None)
-    monkeypatch.setenv("DSV41_MONO_L2_PREFETCH", "0")
-    assert not l2_prefetch_enabled()

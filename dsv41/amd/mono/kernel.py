@@ -170,36 +170,18 @@ def _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0, K: tl.constexpr, ROWS:
 
 
 @triton.jit
-def _prefetch_l2(w_ptr, w_stride, ROWS: tl.constexpr, K: tl.constexpr):
-    """Ask the L2 for ``w[:ROWS, :K]``: one bulk prefetch a row of K bytes (SM90 PTX; no
-    registers held, nothing waits on it). K and the row stride are multiples of 16 bytes."""
-    tl.static_assert(K % 16 == 0, "a bulk prefetch moves whole 16-byte units")
-    rows = w_ptr + tl.arange(0, ROWS) * w_stride
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-        [rows.to(tl.int64, bitcast=True), tl.full((ROWS,), K, tl.int32)], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )
-
-
-@triton.jit
 def _gemv(
     a_ptr, as_ptr, a_stride, S,
     w_ptr, ws_ptr, w_stride, ws_stride,
     box_ptr, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
-    L2_PREFETCH: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``.
 
     The first two weight blocks are loaded before the wait; each later one is
     loaded two blocks ahead of its multiply, so weights stream through the wait
-    and the loop (they are read once: evict first). With ``L2_PREFETCH`` the
-    task first asks the L2 for its whole weight slice, so the later blocks are
-    in flight from the start instead of two at a time. Returns ``(acc, ok)``.
+    and the loop (they are read once: evict first). Returns ``(acc, ok)``.
     """
-    if L2_PREFETCH:
-        _prefetch_l2(w_ptr, w_stride, ROWS, K)
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
     tok = tl.arange(0, TB)
@@ -404,7 +386,7 @@ def _combine(
 def _wqkv_task(
     t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
@@ -415,7 +397,7 @@ def _wqkv_task(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, L2_PREFETCH,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
@@ -430,7 +412,7 @@ def _wqb_task(
     t, i, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
     S, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
-    BK: tl.constexpr, EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
+    BK: tl.constexpr, EXACT: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
@@ -438,7 +420,7 @@ def _wqb_task(
         qx8_ptr, qx8s_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT, L2_PREFETCH,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT,
     )
     tok = tl.arange(0, TB)
     q = bf16_round_tl(acc)
@@ -462,7 +444,7 @@ def _woa_task(
     t, i, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, w_ptr, ws_ptr,
     S, tag, spin_limit, ctl_ptr,
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
-    TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
+    TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
 ):
     """wo_a rows ``32 i ..`` of group ``32 i // o_rank``: ``z = bf16(xo_g @ wo_a^T)``,
     ``x8b = mxfp8(z)``."""
@@ -473,7 +455,7 @@ def _woa_task(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K, ws_ptr + row0 * (GROUP_K // MX), GROUP_K, GROUP_K // MX,
         crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_), tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, GROUP_K, TB, BK, EXACT, L2_PREFETCH,
+        WOA_ROWS, GROUP_K, TB, BK, EXACT,
     )
     z = bf16_round_tl(acc)
     values, codes = mx_quantize_tl(z, TB, WOA_ROWS)
@@ -492,14 +474,14 @@ def _woa_task(
 def _wob_task(
     t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
     acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT, L2_PREFETCH,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOB_ROWS)
@@ -533,7 +515,7 @@ def mono_kernel(
     CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
-    BK_OR: tl.constexpr, EXACT: tl.constexpr, L2_PREFETCH: tl.constexpr,
+    BK_OR: tl.constexpr, EXACT: tl.constexpr,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error."""
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
@@ -548,7 +530,7 @@ def mono_kernel(
         elif t < end_wqkv:
             ok = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
                             wqkv_s_ptr, S, cap, tag, spin_limit, ctl_ptr, HIDDEN, QKV_ROWS, TB,
-                            BK_X, EXACT, L2_PREFETCH)
+                            BK_X, EXACT)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -559,7 +541,7 @@ def mono_kernel(
         elif t < end_wqb:
             ok = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr,
                            pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, spin_limit, ctl_ptr,
-                           Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT, L2_PREFETCH)
+                           Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -584,11 +566,10 @@ def mono_kernel(
         elif t < end_woa:
             ok = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr,
                            ardy_ptr, z_ptr, woa_ptr, woa_s_ptr, S, tag, spin_limit, ctl_ptr,
-                           HEADS, O_RANK, GROUP_K, O_ROWS, TB, BK_GK, EXACT, L2_PREFETCH)
+                           HEADS, O_RANK, GROUP_K, O_ROWS, TB, BK_GK, EXACT)
         else:
             ok = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr, wob_s_ptr,
-                           S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT,
-                           L2_PREFETCH)
+                           S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT)
         if ok:
             # An atomic, not a volatile load: one thread reads and the CTA shares the value, so
             # every thread leaves the loop together (a per-thread read could split the CTA).

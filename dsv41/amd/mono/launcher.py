@@ -57,16 +57,6 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def l2_prefetch_enabled() -> bool:
-    """``DSV41_MONO_L2_PREFETCH=1`` on an NVIDIA GPU: each GEMV task asks the L2 for its whole
-    weight slice first (a PTX bulk prefetch: not on ROCm, not in the interpreter)."""
-    return (
-        os.environ.get("DSV41_MONO_L2_PREFETCH") == "1"
-        and not _interpreted()
-        and torch.version.hip is None
-    )
-
-
 _SHARED_SCRATCH: dict[tuple, torch.Tensor] = {}
 
 
@@ -155,7 +145,7 @@ class MonoRunner:
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, BK_X=k_block(m.hidden // 2), BK_QR=k_block(m.q_rank),
             BK_GK=k_block(p.dims.group_k), BK_OR=k_block(p.dims.o_rows), EXACT=_interpreted(),
-            L2_PREFETCH=l2_prefetch_enabled(), num_warps=NUM_WARPS,
+            num_warps=NUM_WARPS,
         )
 
     def report_async(self) -> None:
