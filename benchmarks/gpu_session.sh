@@ -2,7 +2,7 @@
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|all]
-# ab: the open A/Bs (mono: per-task L2 prefetch, GEMV K block 256 / 512; nvidia attention splits).
+# ab: the open questions (does PDL launch dependents early; mono's GEMV K block by token count).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/dsv41-out}
@@ -23,16 +23,15 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = ab ]; then
-  # mono: per-task L2 prefetch of the weight slice (off / on) x GEMV K block (256 / 512).
-  for pf in 0 1; do
-    for gb in 256 512; do
-      DSV41_MONO_L2_PREFETCH=$pf DSV41_MONO_GEMV_BLOCK=$gb python3 -m dsv41.cli bench --backend mono \
-        --config dsv41-flash --tp 4 --tokens 1,16,48 --reference-repeats 1 \
-        --json "$OUT/ab_pf${pf}_gb$gb.json" > "$OUT/ab_pf${pf}_gb$gb.txt" 2>&1
-      echo "== mono, L2 prefetch $pf, GEMV block $gb"; grep -E "^mono " "$OUT/ab_pf${pf}_gb$gb.txt" || tail -3 "$OUT/ab_pf${pf}_gb$gb.txt"
-    done
+  # Does a dependent kernel launch before its predecessor ends (PDL), eagerly and in a graph?
+  python3 benchmarks/pdl_probe.py 2>&1 | tail -12
+  for pdl in 0 1; do
+    DSV41_PDL=$pdl python3 -m dsv41.cli bench --backend nvidia --config dsv41-flash --tp 4 \
+      --tokens 1,16 --reference-repeats 1 > "$OUT/ab_pdl$pdl.txt" 2>&1
+    echo "== nvidia, PDL $pdl"; grep -E "^nvidia " "$OUT/ab_pdl$pdl.txt" || tail -3 "$OUT/ab_pdl$pdl.txt"
   done
-  DSV41_MONO_L2_PREFETCH=1 python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 4 2>&1 | tail -2
-  # nvidia attention: key-table splits at 1, 8 and 48 tokens.
-  python3 benchmarks/profile_step.py --tp 4 --tokens 1,8,48 --attn-sweep 2>&1 | grep -E "attention|splits"
+  # mono: the GEMV K block by token count (512 up to 16 tokens), its GPU tests and the bench.
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tail -4
+  python3 -m dsv41.cli bench --backend mono --config dsv41-flash --tp 4 --tokens 1,8,16,17,48 \
+    --reference-repeats 1 2>&1 | grep -E "^mono "
 fi

@@ -89,7 +89,7 @@ class Model:
             out |= {("xrdy", h): xq_tasks // K_HALVES for h in range(K_HALVES)}
             out[("xrdy", K_HALVES)] = K_HALVES * p.wqkv_tiles
         else:
-            out[("xrdy", 0)] = m.hidden // k_block(m.hidden // K_HALVES)
+            out[("xrdy", 0)] = m.hidden // k_block(m.hidden // K_HALVES, p.tokens)
             assert out[("xrdy", 0)] == xq_tasks
             out[("xrdy", 1)] = K_HALVES * p.wqkv_tiles
         for t in range(p.head_tiles):

@@ -192,15 +192,17 @@ def test_mono_never_imports_the_nvidia_backend() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
-def test_gemv_block_override_is_checked(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import GEMV_BLOCK, k_block
+def test_gemv_block_by_tokens_and_override_is_checked(monkeypatch) -> None:
+    from dsv41.amd.mono.plan import FEW_TOKENS, GEMV_BLOCK, GEMV_BLOCK_FEW, k_block
 
     monkeypatch.delenv("DSV41_MONO_GEMV_BLOCK", raising=False)
-    assert k_block(4096) == GEMV_BLOCK and k_block(96) == 32  # largest power of two dividing k
+    assert k_block(4096, 48) == GEMV_BLOCK and k_block(96, 48) == 32  # largest power of two
+    assert k_block(4096, FEW_TOKENS) == GEMV_BLOCK_FEW and k_block(4096, FEW_TOKENS + 1) == 256
+    assert k_block(2560, 1) == 512 and Plan(Dims.of("dsv41-flash", 4), 1).xq_blocks == 5
     monkeypatch.setenv("DSV41_MONO_GEMV_BLOCK", "256")
-    assert k_block(4096) == 256 and k_block(1280) == 256 and k_block(640) == 128
+    assert k_block(4096, 1) == 256 and k_block(1280, 1) == 256 and k_block(640, 48) == 128
     for bad in ("100", "2048", "x", "16"):
         monkeypatch.setenv("DSV41_MONO_GEMV_BLOCK", bad)
         with pytest.raises(ValueError, match="DSV41_MONO_GEMV_BLOCK: expected a power of two"):
-            k_block(4096)
+            k_block(4096, 1)
 

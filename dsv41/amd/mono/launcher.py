@@ -143,8 +143,9 @@ class MonoRunner:
             O_RANK=m.o_rank, GROUP_K=p.dims.group_k, O_ROWS=p.dims.o_rows, KEYS=m.keys,
             KC=p.key_chunk, CHUNKS=p.chunks, WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
-            TB=p.token_block, BK_X=k_block(m.hidden // 2), BK_QR=k_block(m.q_rank),
-            BK_GK=k_block(p.dims.group_k), BK_OR=k_block(p.dims.o_rows), EXACT=_interpreted(),
+            TB=p.token_block, BK_X=k_block(m.hidden // 2, p.tokens),
+            BK_QR=k_block(m.q_rank, p.tokens), BK_GK=k_block(p.dims.group_k, p.tokens),
+            BK_OR=k_block(p.dims.o_rows, p.tokens), EXACT=_interpreted(),
             num_warps=NUM_WARPS,
         )
 

@@ -77,8 +77,12 @@ MONO_TP = (2, 4)  # ranks the mono kernel is built for
 MAX_TOKENS = 48  # decode tokens a step at most
 WQKV_TASK_ROWS = 16  # rows of a Wqkv task
 K_HALVES = 2  # Wqkv's K dimension runs in two halves
-GEMV_BLOCK = 256  # K columns a GEMV step (and an xq task) covers at most; DSV41_MONO_GEMV_BLOCK
-# overrides it for A/B runs (H200, tp 4: 188.6 us a step at M = 1 against 205.2 with 128)
+# K columns a GEMV step (and an xq task) covers at most: GEMV_BLOCK_FEW up to FEW_TOKENS tokens,
+# GEMV_BLOCK above; DSV41_MONO_GEMV_BLOCK overrides both for A/B runs. H200, tp 4, us a step at
+# M = 1 / 16 / 48: 174.1 / 192.0 / 265.6 with 512, 187.8 / 204.8 / 259.6 with 256 (128 was slower).
+GEMV_BLOCK = 256
+GEMV_BLOCK_FEW = 512
+FEW_TOKENS = 16
 KEY_CHUNK = 64  # keys of an attention task (at most; see Plan.key_chunk)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -98,21 +102,22 @@ E4M3 = torch.float8_e4m3fn
 PARTIAL_DTYPE = torch.float32
 
 
-def gemv_block() -> int:
-    """``GEMV_BLOCK``, or ``DSV41_MONO_GEMV_BLOCK`` (a power of two, 32 .. 1024) when set."""
+def gemv_block(tokens: int) -> int:
+    """``GEMV_BLOCK_FEW`` for up to ``FEW_TOKENS`` tokens, ``GEMV_BLOCK`` above, or
+    ``DSV41_MONO_GEMV_BLOCK`` (a power of two, 32 .. 1024) when set."""
     raw = os.environ.get("DSV41_MONO_GEMV_BLOCK")
     if raw is None:
-        return GEMV_BLOCK
+        return GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK
     block = int(raw) if raw.isdigit() else 0
     if not (32 <= block <= 1024 and block & (block - 1) == 0):
         raise ValueError(f"DSV41_MONO_GEMV_BLOCK: expected a power of two in 32..1024, got {raw!r}")
     return block
 
 
-def k_block(k: int) -> int:
-    """The K block of a GEMV over ``k`` columns: the largest power of two dividing k, at most
-    ``gemv_block()`` (128)."""
-    return min(gemv_block(), k & -k)
+def k_block(k: int, tokens: int) -> int:
+    """The K block of a GEMV over ``k`` columns for ``tokens`` tokens: the largest power of two
+    dividing k, at most ``gemv_block(tokens)``."""
+    return min(gemv_block(tokens), k & -k)
 
 
 def _round_up(n: int, align: int) -> int:
@@ -213,7 +218,7 @@ class Plan:
     def xq_blocks(self) -> int:
         """xq tasks a K half: hidden / 2 / k_block (20)."""
         half = self.dims.model.hidden // K_HALVES
-        return half // k_block(half)
+        return half // k_block(half, self.tokens)
 
     @property
     def chunks(self) -> int:
