@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|all]
-# ab: the open questions (does PDL launch dependents early; mono's GEMV K block by token count).
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|trace|all]
+# ab: does PDL launch dependents early; mono's GEMV K block by token count (session 4, measured).
+# trace: where a mono step's time goes (benchmarks/mono_trace.py).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/dsv41-out}
@@ -21,6 +22,13 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
       --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp${tp}.json" --plot "$OUT/bench_tp${tp}.png" \
       2>&1 | tee "$OUT/bench_tp${tp}.txt" | tail -18
   done
+fi
+if [ "$what" = trace ]; then
+  # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.
+  timeout 150 python3 benchmarks/mono_trace.py --tp 4 --tokens 1,16,48 2>&1 | tail -36
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py -k trace 2>&1 | tail -2
+  DSV41_MONO_GEMV_BLOCK=1024 timeout 120 python3 -m dsv41.cli bench --backend mono --config dsv41-flash \
+    --tp 4 --tokens 1,16 --reference-repeats 1 2>&1 | grep -E "^mono " | sed 's/^/GEMV K 1024: /'
 fi
 if [ "$what" = ab ]; then
   # Does a dependent kernel launch before its predecessor ends (PDL), eagerly and in a graph?

@@ -20,27 +20,21 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-
-@triton.jit
-def _now(like):
-    """Nanoseconds of the global timer (one value per lane of ``like``)."""
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64, is_pure=False, pack=1
-    )
+from dsv41.common.timer_tl import globaltimer_tl
 
 
 @triton.jit
 def stamp_kernel(stamp_ptr, spin_ns, USE_PDL: tl.constexpr):
     """Stamps (start, waited, end) of this program into ``stamp[pid]``."""
     pid = tl.program_id(0)
-    start = _now(pid)
+    start = globaltimer_tl(pid)
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()
-    waited = _now(pid)
+    waited = globaltimer_tl(pid)
     now = waited
     while now - waited < spin_ns:
-        now = _now(pid)
+        now = globaltimer_tl(pid)
     tl.store(stamp_ptr + 3 * pid, start)
     tl.store(stamp_ptr + 3 * pid + 1, waited)
     tl.store(stamp_ptr + 3 * pid + 2, now)

@@ -61,3 +61,15 @@ def test_kernel_matches_executor_and_reference(
 
     got = parity(lw.dims, seams, run_reference(lw, sc))
     assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+
+
+def test_task_trace_needs_a_gpu_and_its_shape(tiny_layer) -> None:
+    """The task trace reads the NVIDIA global timer: refused in the interpreter, by name."""
+    lw = tiny_layer(4, 2)
+    sc = make_scenario(lw.dims, lw.layer_id, 1, seed=3)
+    runner = MonoRunner(lw, 1)
+    step = (sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
+            sc.compressed_cache, torch.empty_like(sc.x))
+    trace = torch.zeros(runner.plan.total_tasks, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="trace: the task trace reads the NVIDIA global timer"):
+        runner.launch(*step, trace=trace)

@@ -207,3 +207,23 @@ def test_unfilled_mailbox_times_out(layers) -> None:
     runner.launch(*_args(sc.clone_caches()), y)  # the reset scratch works again
     runner.check()
     _assert_parity(lw, runner.seams(y), _reference(lw, sc), "after a timeout")
+
+
+def test_task_trace_records_every_task_and_changes_no_bit(layers) -> None:
+    """A traced launch writes the same y; every task has one row: end >= start, a real program."""
+    lw = layers[True]
+    sc = _scenario(lw, 5, seed=21)
+    runner = MonoRunner(lw, 5)
+    args = _args(sc.clone_caches())
+    plain, traced = torch.empty_like(sc.x), torch.empty_like(sc.x)
+    runner.launch(*args, plain)
+    trace = torch.full((runner.plan.total_tasks, 3), -1, dtype=torch.int64, device=DEVICE)
+    runner.launch(*_args(sc.clone_caches()), traced, trace=trace)
+    torch.cuda.synchronize()
+    runner.check()
+    assert torch.equal(plain, traced)
+    start, end, program = trace.unbind(1)
+    assert bool((start > 0).all()) and bool((end >= start).all())
+    assert bool((program >= 0).all()) and bool((program < runner.programs).all())
+    with pytest.raises(ValueError, match=r"trace: expected a contiguous int64 tensor of shape"):
+        runner.launch(*args, plain, trace=trace[:-1])

@@ -43,6 +43,7 @@ from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_
 from dsv41.common.mx import MX_BLOCK, bf16_round_tl, mx_dequantize_tl, mx_quantize_tl
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
+from dsv41.common.timer_tl import globaltimer_tl
 
 # The Python constants as constexpr globals, the only globals a jit function may read (a
 # trailing underscore marks the twin of a Python constant of the same name).
@@ -500,6 +501,8 @@ def mono_kernel(
     part_ptr, pstat_ptr, srdy_ptr, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
     # step inputs and output
     x_ptr, pos_ptr, slot_ptr, key_ptr, win_ptr, comp_ptr, y_ptr,
+    # int64 [tasks, 3] (start ns, end ns, program) of every task when TRACE
+    trace_ptr,
     # weights and rope tables
     wqkv_ptr, wqkv_s_ptr, q_norm_ptr, kv_norm_ptr, wqb_ptr, wqb_s_ptr, woa_ptr, woa_s_ptr,
     wob_ptr, wob_s_ptr, sink_ptr, cos_ptr, sin_ptr,
@@ -515,15 +518,21 @@ def mono_kernel(
     CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
-    BK_OR: tl.constexpr, EXACT: tl.constexpr,
+    BK_OR: tl.constexpr, EXACT: tl.constexpr, TRACE: tl.constexpr = False,
 ):
-    """One layer step: take tickets until ``end_wob`` (the task count) or an error."""
+    """One layer step: take tickets until ``end_wob`` (the task count) or an error.
+
+    With ``TRACE`` each task's start and end (``%globaltimer``, waits included) and
+    the program that ran it go to ``trace[ticket]`` (NVIDIA only; not in the interpreter).
+    """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
     tag = tl.atomic_add(ctl_ptr + CTL_EPOCH_, 0, sem="acquire", scope="gpu")
     t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
     ok = t >= 0
     while (t < end_wob) & ok:
+        if TRACE:
+            started = globaltimer_tl(t)
         if t < end_xq:  # xq is the first stage: its task index is the ticket
             _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
             _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
@@ -570,6 +579,11 @@ def mono_kernel(
         else:
             ok = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr, wob_s_ptr,
                            S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT)
+        if TRACE:
+            row = trace_ptr + 3 * t.to(tl.int64)
+            tl.store(row, started)
+            tl.store(row + 1, globaltimer_tl(t))
+            tl.store(row + 2, tl.program_id(0).to(tl.int64))
         if ok:
             # An atomic, not a volatile load: one thread reads and the CTA shares the value, so
             # every thread leaves the loop together (a per-thread read could split the CTA).

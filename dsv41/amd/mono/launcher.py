@@ -122,9 +122,23 @@ class MonoRunner:
         window_cache: PagedKVCache,
         compressed_cache: PagedKVCache | None,
         y: torch.Tensor,
+        trace: torch.Tensor | None = None,
     ) -> None:
-        """One launch writing ``y``; no host sync and no checks (graph-capturable)."""
+        """One launch writing ``y``; no host sync and no checks (graph-capturable).
+
+        ``trace``: int64 [plan.total_tasks, 3] on the GPU; receives each task's
+        ``(start ns, end ns, program)`` (``benchmarks/mono_trace.py`` reads it).
+        """
         p, m, lw, v = self.plan, self.layer.dims.model, self.layer, self.views
+        if trace is not None:
+            want = (p.total_tasks, 3)
+            if _interpreted() or trace.device.type != "cuda" or torch.version.hip is not None:
+                raise ValueError("trace: the task trace reads the NVIDIA global timer (a GPU run)")
+            if trace.dtype != torch.int64 or tuple(trace.shape) != want or not trace.is_contiguous():
+                raise ValueError(
+                    f"trace: expected a contiguous int64 tensor of shape {list(want)}, "
+                    f"got {str(trace.dtype).removeprefix('torch.')} {list(trace.shape)}"
+                )
         comp = window_cache if compressed_cache is None else compressed_cache
         comp_slots = 0 if compressed_cache is None else compressed_cache.num_slots
         ends = [st.end for st in p.stages]
@@ -133,6 +147,7 @@ class MonoRunner:
             v["q"], v["part"], v["pstat"], v["srdy"], v["xo"], v["xos"], v["crdy"], v["x8b"],
             v["x8bs"], v["ardy"], v["z"],
             x, positions, slot_mapping, key_table, window_cache.data, comp.data, y,
+            y if trace is None else trace,
             lw.wqkv, lw.wqkv_scale, lw.q_norm, lw.kv_norm, lw.wq_b, lw.wq_b_scale, lw.wo_a,
             lw.wo_a_scale, lw.wo_b, lw.wo_b_scale, lw.attn_sink, self.cos, self.sin,
             p.tokens, p.capacity, window_cache.num_slots, comp_slots, self.cos.shape[0],
@@ -146,7 +161,7 @@ class MonoRunner:
             TB=p.token_block, BK_X=k_block(m.hidden // 2, p.tokens),
             BK_QR=k_block(m.q_rank, p.tokens), BK_GK=k_block(p.dims.group_k, p.tokens),
             BK_OR=k_block(p.dims.o_rows, p.tokens), EXACT=_interpreted(),
-            num_warps=NUM_WARPS,
+            TRACE=trace is not None, num_warps=NUM_WARPS,
         )
 
     def report_async(self) -> None:

@@ -1,0 +1,85 @@
+"""Where a mono step's time goes: every task's start and end on the GPU clock, per stage (GPU).
+
+Launches the mono kernel with its task trace (``MonoRunner.launch(..., trace=)``)
+after a few untraced warm-up launches, then prints per stage: the tasks, when
+the first started and the last ended (us from the step's first task start),
+the mean and longest task, and the stage's weight MB and the TB/s its span
+implies. A task's time includes its waits for the stage before.
+
+    python benchmarks/mono_trace.py --tp 4 --tokens 1,48
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from dsv41.amd.mono.launcher import MonoRunner
+from dsv41.common.geometry import Dims
+from dsv41.common.scenario import make_scenario
+from dsv41.common.weights import LayerWeights
+
+WEIGHTS = {"wqkv": ("wqkv", "wqkv_scale"), "wqb": ("wq_b", "wq_b_scale"),
+           "woa": ("wo_a", "wo_a_scale"), "wob": ("wo_b", "wo_b_scale")}
+
+
+def stage_table(plan, trace: torch.Tensor, layer: LayerWeights) -> list[dict]:
+    """Per stage of ``plan``: task count, first start and last end (us from the step's first
+    start), mean and longest task (us), weight MB."""
+    t = trace.cpu().double()
+    origin = t[:, 0].min()
+    rows = []
+    for st in plan.stages:
+        part = t[st.first : st.end]
+        if part.shape[0] == 0:
+            continue
+        took = (part[:, 1] - part[:, 0]) / 1e3
+        mb = sum(getattr(layer, n).numel() for n in WEIGHTS.get(st.name, ())) / 1e6
+        rows.append({
+            "stage": st.name, "tasks": part.shape[0],
+            "first_us": float((part[:, 0].min() - origin) / 1e3),
+            "last_us": float((part[:, 1].max() - origin) / 1e3),
+            "mean_us": float(took.mean()), "max_us": float(took.max()), "weight_mb": mb,
+        })
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="dsv41-flash")
+    p.add_argument("--tp", type=int, default=4)
+    p.add_argument("--tokens", default="1,48")
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args()
+    dims = Dims.of(args.config, args.tp)
+    lid = next(i for i, r in enumerate(dims.model.compress_ratios) if r)
+    layer = LayerWeights(dims, args.tp - 1, lid, device="cuda")
+    layer.dummy_load(seed=1)
+    for m in [int(x) for x in args.tokens.split(",")]:
+        sc = make_scenario(dims, lid, m, seed=m, device="cuda")
+        runner = MonoRunner(layer, m)
+        y = torch.empty_like(sc.x)
+        step = (sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
+                sc.compressed_cache)
+        for _ in range(args.warmup):
+            runner.launch(*step, y)
+        trace = torch.zeros(runner.plan.total_tasks, 3, dtype=torch.int64, device="cuda")
+        runner.launch(*step, y, trace=trace)
+        torch.cuda.synchronize()
+        runner.check()
+        rows = stage_table(runner.plan, trace, layer)
+        span = max(r["last_us"] for r in rows)
+        print(f"\nmono tp {args.tp}, M = {m}: {runner.programs} programs, step span {span:.1f} us "
+              "(first task start to last task end)")
+        print(f"{'stage':<8} {'tasks':>5} {'first us':>9} {'last us':>8} {'mean us':>8} "
+              f"{'max us':>7} {'MB':>6} {'TB/s':>6}")
+        for r in rows:
+            rate = r["weight_mb"] / (r["last_us"] - r["first_us"]) if r["weight_mb"] else 0  # MB/us
+            print(f"{r['stage']:<8} {r['tasks']:>5} {r['first_us']:>9.1f} {r['last_us']:>8.1f} "
+                  f"{r['mean_us']:>8.2f} {r['max_us']:>7.2f} {r['weight_mb']:>6.2f} "
+                  f"{rate:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
