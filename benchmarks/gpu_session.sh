@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|trace|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|trace|ncu|all]
 # ab: does PDL launch dependents early; mono's GEMV K block by token count (session 4, measured).
-# trace: where a mono step's time goes (benchmarks/mono_trace.py).
+# trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/dsv41-out}
@@ -29,6 +29,26 @@ if [ "$what" = trace ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py -k trace 2>&1 | tail -2
   DSV41_MONO_GEMV_BLOCK=1024 timeout 120 python3 -m dsv41.cli bench --backend mono --config dsv41-flash \
     --tp 4 --tokens 1,16 --reference-repeats 1 2>&1 | grep -E "^mono " | sed 's/^/GEMV K 1024: /'
+fi
+if [ "$what" = ncu ]; then
+  # Hardware counters at tp 4, M = 1: mono's one kernel, then nvidia's four GEMMs of one step.
+  NCU=/usr/local/cuda/bin/ncu
+  M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum"
+  M="$M,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active"
+  M="$M,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second,launch__registers_per_thread"
+  M="$M,launch__grid_size,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+  M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+  timeout 130 $NCU --clock-control none -k regex:mono_kernel --launch-skip 3 --launch-count 1 \
+    --metrics "$M" python3 benchmarks/ncu_steps.py --backend mono > "$OUT/ncu_mono.txt" 2>&1
+  timeout 110 $NCU --clock-control none -k regex:mx_gemm_kernel --launch-skip 8 --launch-count 4 \
+    --metrics "$M" python3 benchmarks/ncu_steps.py --backend nvidia > "$OUT/ncu_nvidia.txt" 2>&1
+  for f in mono nvidia; do
+    echo "== ncu $f"
+    grep -E "mono_kernel|mx_gemm_kernel|gpu__time|dram__|sm__|launch__|inst_exec|bank_conf" "$OUT/ncu_$f.txt" \
+      | sed -E 's/ +/ /g' | head -60
+    grep -E "mx_gemm_kernel|mono_kernel|issue_stalled" "$OUT/ncu_$f.txt" | sed -E 's/ +/ /g;s/smsp__average_warps_issue_stalled_//' \
+      | awk '/kernel/ {print substr($0, 1, 60); next} $NF+0 >= 0.3' 
+  done
 fi
 if [ "$what" = ab ]; then
   # Does a dependent kernel launch before its predecessor ends (PDL), eagerly and in a graph?
