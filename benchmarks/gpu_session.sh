@@ -2,7 +2,7 @@
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|trace|ncu|all]
-# ab: does PDL launch dependents early; mono's GEMV K block by token count (session 4, measured).
+# ab: the open A/B (mono's GEMV on CUDA cores, DSV41_MONO_GEMV_CORES; prepared, not yet measured).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -51,15 +51,14 @@ if [ "$what" = ncu ]; then
   done
 fi
 if [ "$what" = ab ]; then
-  # Does a dependent kernel launch before its predecessor ends (PDL), eagerly and in a graph?
-  python3 benchmarks/pdl_probe.py 2>&1 | tail -12
-  for pdl in 0 1; do
-    DSV41_PDL=$pdl python3 -m dsv41.cli bench --backend nvidia --config dsv41-flash --tp 4 \
-      --tokens 1,16 --reference-repeats 1 > "$OUT/ab_pdl$pdl.txt" 2>&1
-    echo "== nvidia, PDL $pdl"; grep -E "^nvidia " "$OUT/ab_pdl$pdl.txt" || tail -3 "$OUT/ab_pdl$pdl.txt"
+  # Prepared in session 4, not yet measured: mono's GEMV blocks on CUDA cores up to N tokens
+  # (DSV41_MONO_GEMV_CORES=N), the step time at N = 0 / 1 / 4 / 16, the stage trace at M = 1,
+  # and the mono GPU tests with the CUDA-core loop at every token count (N = 48).
+  for n in 0 1 4 16; do
+    DSV41_MONO_GEMV_CORES=$n timeout 150 python3 -m dsv41.cli bench --backend mono --config dsv41-flash \
+      --tp 4 --tokens 1,4,16 --reference-repeats 1 2>&1 | grep -E "^mono " | sed "s/^/cores <= $n: /"
   done
-  # mono: the GEMV K block by token count (512 up to 16 tokens), its GPU tests and the bench.
-  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tail -4
-  python3 -m dsv41.cli bench --backend mono --config dsv41-flash --tp 4 --tokens 1,8,16,17,48 \
-    --reference-repeats 1 2>&1 | grep -E "^mono "
+  DSV41_MONO_GEMV_CORES=1 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
+  DSV41_MONO_GEMV_CORES=48 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+    --timeout 500 2>&1 | tail -4
 fi

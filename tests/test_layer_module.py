@@ -51,3 +51,29 @@ def test_forward_rejects_a_wrong_x():
     sc = make_scenario(layer.dims, 1, 2, seed=1)
     with pytest.raises(ValueError, match="x: expected bfloat16 \\[M, 256\\], got torch.float32"):
         layer(sc.x.float(), sc.positions, _metadata(sc))
+
+
+def test_forward_checks_the_arguments_once(monkeypatch):
+    """The nvidia forward checks the step's arguments in forward, not again in nvidia_step,
+    and nvidia_step called on its own still checks them."""
+    import dsv41.layer
+    import dsv41.nvidia.step
+    from dsv41.common.step_inputs import check_step_inputs
+
+    calls = []
+
+    def counted(*args):
+        calls.append(len(args))
+        return check_step_inputs(*args)
+
+    monkeypatch.setattr(dsv41.layer, "check_step_inputs", counted)
+    monkeypatch.setattr(dsv41.nvidia.step, "check_step_inputs", counted)
+    layer = DSV41Attention("tiny", 2, 0, 1, backend="nvidia")
+    layer.weights.dummy_load(4)
+    sc = make_scenario(layer.dims, 1, 2, seed=5)
+    layer(sc.x, sc.positions, _metadata(sc))
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="positions: expected"):
+        dsv41.nvidia.step.nvidia_step(layer.weights, sc.x, sc.positions[:1], sc.slot_mapping,
+                                      sc.key_table, sc.window_cache, sc.compressed_cache)
+    assert len(calls) == 2

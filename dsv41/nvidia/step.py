@@ -161,6 +161,8 @@ def nvidia_step(
     key_table: torch.Tensor,
     window_cache: PagedKVCache,
     compressed_cache: PagedKVCache | None = None,
+    *,
+    check: bool = True,
 ) -> dict:
     """One decode step of one rank; inserts the new records into ``window_cache``.
 
@@ -170,10 +172,12 @@ def nvidia_step(
     slot otherwise, -1 or out-of-cache = none). Returns the seams
     ``qkv, kv, q`` (fused, before RoPE), ``xo`` (values, codes; fused O layout),
     ``lse, z, z8`` (values, codes) and ``y`` (this rank's bf16 partial).
+    ``check=False`` skips the argument check, for a caller that has just made it.
     """
-    check_step_inputs(
-        layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
-    )
+    if check:
+        check_step_inputs(
+            layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
+        )
     out = StepBuffers.allocate(layer, x.shape[0], x.device)
     scratch = {site: scratch_for(site) for site in GEMM_SITES}
     return launch_step(

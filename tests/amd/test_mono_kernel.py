@@ -21,13 +21,17 @@ LONG_SUMS = ("z",)  # bf16 of a 4096-term sum over xo: small flips there move it
 
 
 @pytest.mark.parametrize(
-    "tp, layer_id, tokens, hidden",
-    # both shares, all three layer kinds, S = 1, 7, 48; hidden 512: x in 4 xq blocks
-    [(4, 1, 1, 512), (2, 2, 7, 256), (4, 0, 48, 256)],
+    "tp, layer_id, tokens, hidden, cores",
+    # both shares, all three layer kinds, S = 1, 7, 48; hidden 512: x in 4 xq blocks; the GEMV
+    # blocks on tensor cores, and on CUDA cores (DSV41_MONO_GEMV_CORES) at S = 1 and 7
+    [(4, 1, 1, 512, False), (2, 2, 7, 256, False), (4, 0, 48, 256, False), (4, 1, 1, 512, True),
+     (2, 2, 7, 256, True)],
 )
 def test_kernel_matches_executor_and_reference(
-    tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference
+    tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, tiny_layer, run_mono,
+    run_reference, monkeypatch,
 ) -> None:
+    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
     lw = tiny_layer(tp, layer_id, hidden)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     kernel_sc, exec_sc = sc.clone_caches(), sc.clone_caches()

@@ -206,3 +206,15 @@ def test_gemv_block_by_tokens_and_override_is_checked(monkeypatch) -> None:
         with pytest.raises(ValueError, match="DSV41_MONO_GEMV_BLOCK: expected a power of two"):
             k_block(4096, 1)
 
+
+def test_gemv_cores_switch_is_checked(monkeypatch) -> None:
+    from dsv41.amd.mono.plan import gemv_on_cores
+
+    monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
+    assert not gemv_on_cores(1)  # off unless asked for
+    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "4")
+    assert gemv_on_cores(1) and gemv_on_cores(4) and not gemv_on_cores(5)
+    for bad in ("-1", "49", "x"):
+        monkeypatch.setenv("DSV41_MONO_GEMV_CORES", bad)
+        with pytest.raises(ValueError, match="DSV41_MONO_GEMV_CORES: expected a token count"):
+            gemv_on_cores(1)

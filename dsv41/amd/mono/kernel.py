@@ -40,7 +40,13 @@ from dsv41.common.fused_layout import Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
 from dsv41.common.kv_cache import KV_DIM
 from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_tl, store_record_tl
-from dsv41.common.mx import MX_BLOCK, bf16_round_tl, mx_dequantize_tl, mx_quantize_tl
+from dsv41.common.mx import (
+    MX_BLOCK,
+    bf16_round_tl,
+    e8m0_scale_tl,
+    mx_dequantize_tl,
+    mx_quantize_tl,
+)
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.timer_tl import globaltimer_tl
@@ -176,12 +182,19 @@ def _gemv(
     w_ptr, ws_ptr, w_stride, ws_stride,
     box_ptr, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
+    CORES: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``.
 
     The first two weight blocks are loaded before the wait; each later one is
     loaded two blocks ahead of its multiply, so weights stream through the wait
     and the loop (they are read once: evict first). Returns ``(acc, ok)``.
+
+    A K block is multiplied on tensor cores (both operands dequantized, TB token
+    rows), or with ``CORES`` on CUDA cores, one live token row at a time: each MX
+    block's 32 products with the row's dequantized values summed in fp32, times
+    the weight's scale, the blocks summed in fp32. No padding row is computed and
+    nothing goes through shared memory but the row sums (``DSV41_MONO_GEMV_CORES``).
     """
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
@@ -191,6 +204,22 @@ def _gemv(
     w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, BK, K, ROWS, BK)
     ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
     acc = tl.zeros((TB, ROWS), tl.float32)
+    if CORES:
+        BLOCKS: tl.constexpr = BK // MX
+        e = tl.arange(0, MX)
+        for k0 in range(0, K, BK):
+            wf = tl.reshape(w0.to(tl.float32), (ROWS, BLOCKS, MX))
+            w_scale = e8m0_scale_tl(ws0.to(tl.int32))  # [ROWS, BLOCKS]
+            w0, ws0 = w1, ws1
+            w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 2 * BK, K, ROWS, BK)
+            for r in range(S):
+                a8 = tl.load(a_ptr + r * a_stride + k0 + kb[:, None] * MX + e[None, :],
+                             cache_modifier=".cg")
+                a_s = tl.load(as_ptr + r * (a_stride // MX) + k0 // MX + kb, cache_modifier=".cg")
+                a = a8.to(tl.float32) * e8m0_scale_tl(a_s.to(tl.int32))[:, None]  # [BLOCKS, MX]
+                dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * w_scale, axis=1)  # [ROWS]
+                acc += tl.where(tok[:, None] == r, dots[None, :], 0.0)
+        return acc, ok
     for k0 in range(0, K, BK):
         a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :], mask=live, other=0.0,
                     cache_modifier=".cg")
@@ -387,7 +416,7 @@ def _combine(
 def _wqkv_task(
     t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr,
+    EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
@@ -398,7 +427,7 @@ def _wqkv_task(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
@@ -413,7 +442,7 @@ def _wqb_task(
     t, i, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
     S, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
-    BK: tl.constexpr, EXACT: tl.constexpr,
+    BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
@@ -421,7 +450,7 @@ def _wqb_task(
         qx8_ptr, qx8s_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     q = bf16_round_tl(acc)
@@ -445,7 +474,7 @@ def _woa_task(
     t, i, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, w_ptr, ws_ptr,
     S, tag, spin_limit, ctl_ptr,
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
-    TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
+    TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
     """wo_a rows ``32 i ..`` of group ``32 i // o_rank``: ``z = bf16(xo_g @ wo_a^T)``,
     ``x8b = mxfp8(z)``."""
@@ -456,7 +485,7 @@ def _woa_task(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K, ws_ptr + row0 * (GROUP_K // MX), GROUP_K, GROUP_K // MX,
         crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_), tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, GROUP_K, TB, BK, EXACT,
+        WOA_ROWS, GROUP_K, TB, BK, EXACT, CORES,
     )
     z = bf16_round_tl(acc)
     values, codes = mx_quantize_tl(z, TB, WOA_ROWS)
@@ -475,14 +504,14 @@ def _woa_task(
 def _wob_task(
     t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr,
+    EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
     acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOB_ROWS)
@@ -518,7 +547,8 @@ def mono_kernel(
     CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
-    BK_OR: tl.constexpr, EXACT: tl.constexpr, TRACE: tl.constexpr = False,
+    BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
+    TRACE: tl.constexpr = False,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
@@ -539,7 +569,7 @@ def mono_kernel(
         elif t < end_wqkv:
             ok = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
                             wqkv_s_ptr, S, cap, tag, spin_limit, ctl_ptr, HIDDEN, QKV_ROWS, TB,
-                            BK_X, EXACT)
+                            BK_X, EXACT, GEMV_CORES)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -550,7 +580,7 @@ def mono_kernel(
         elif t < end_wqb:
             ok = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr,
                            pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, spin_limit, ctl_ptr,
-                           Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT)
+                           Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT, GEMV_CORES)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -575,10 +605,11 @@ def mono_kernel(
         elif t < end_woa:
             ok = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr,
                            ardy_ptr, z_ptr, woa_ptr, woa_s_ptr, S, tag, spin_limit, ctl_ptr,
-                           HEADS, O_RANK, GROUP_K, O_ROWS, TB, BK_GK, EXACT)
+                           HEADS, O_RANK, GROUP_K, O_ROWS, TB, BK_GK, EXACT, GEMV_CORES)
         else:
             ok = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr, wob_s_ptr,
-                           S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT)
+                           S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT,
+                           GEMV_CORES)
         if TRACE:
             row = trace_ptr + 3 * t.to(tl.int64)
             tl.store(row, started)

@@ -114,6 +114,15 @@ def gemv_block(tokens: int) -> int:
     return block
 
 
+def gemv_on_cores(tokens: int) -> bool:
+    """Whether a step of ``tokens`` tokens multiplies its GEMV blocks on CUDA cores: up to
+    ``DSV41_MONO_GEMV_CORES`` tokens (default 0: never; an A/B switch, not yet measured)."""
+    raw = os.environ.get("DSV41_MONO_GEMV_CORES", "0")
+    if not raw.isdigit() or int(raw) > MAX_TOKENS:
+        raise ValueError(f"DSV41_MONO_GEMV_CORES: expected a token count 0..{MAX_TOKENS}, got {raw!r}")
+    return tokens <= int(raw)
+
+
 def k_block(k: int, tokens: int) -> int:
     """The K block of a GEMV over ``k`` columns for ``tokens`` tokens: the largest power of two
     dividing k, at most ``gemv_block(tokens)``."""
