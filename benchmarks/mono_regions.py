@@ -13,10 +13,9 @@ import torch
 from dsv41.amd.mono.checks import parity, region_agreement
 from dsv41.amd.mono.executor import ScheduleExecutor
 from dsv41.amd.mono.launcher import MonoRunner, mono_step
-from dsv41.common.geometry import Dims
+from dsv41.bench import compressed_layer
 from dsv41.common.reference import reference_step
 from dsv41.common.scenario import make_scenario
-from dsv41.common.weights import LayerWeights
 
 
 def token_list(spec: str) -> list[int]:
@@ -34,10 +33,8 @@ def main() -> None:
     p.add_argument("--tokens", default="1-48", help="token counts for the parity rows")
     p.add_argument("--regions", default="20", help="token counts for the region diff")
     args = p.parse_args()
-    dims = Dims.of(args.config, args.tp)
-    lid = next(i for i, r in enumerate(dims.model.compress_ratios) if r)
-    lw = LayerWeights(dims, args.tp - 1, lid, device="cuda")
-    lw.dummy_load(seed=args.tp)
+    dims, lw = compressed_layer(args.config, args.tp, seed=args.tp)
+    lid = lw.layer_id
     print(f"{'S':>3} {'y_rel':>9} {'q_rel':>9} {'z_rel':>9} {'xo codes':>9} {'z codes':>9} "
           f"{'y_rel, private scratch':>22}")
     for s in token_list(args.tokens):

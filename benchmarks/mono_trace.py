@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from dsv41.amd.mono.launcher import MonoRunner
-from dsv41.common.geometry import Dims
+from dsv41.bench import compressed_layer
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
 
@@ -52,16 +52,12 @@ def main() -> None:
     p.add_argument("--tokens", default="1,48")
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args()
-    dims = Dims.of(args.config, args.tp)
-    lid = next(i for i, r in enumerate(dims.model.compress_ratios) if r)
-    layer = LayerWeights(dims, args.tp - 1, lid, device="cuda")
-    layer.dummy_load(seed=1)
+    dims, layer = compressed_layer(args.config, args.tp, seed=1)
     for m in [int(x) for x in args.tokens.split(",")]:
-        sc = make_scenario(dims, lid, m, seed=m, device="cuda")
+        sc = make_scenario(dims, layer.layer_id, m, seed=m, device="cuda")
         runner = MonoRunner(layer, m)
         y = torch.empty_like(sc.x)
-        step = (sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
-                sc.compressed_cache)
+        step = sc.step_args()
         for _ in range(args.warmup):
             runner.launch(*step, y)
         trace = torch.zeros(runner.plan.total_tasks, 3, dtype=torch.int64, device="cuda")

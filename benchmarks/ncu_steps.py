@@ -12,10 +12,8 @@ import argparse
 
 import torch
 
-from dsv41.bench import step_function
-from dsv41.common.geometry import Dims
+from dsv41.bench import compressed_layer, step_function
 from dsv41.common.scenario import make_scenario
-from dsv41.common.weights import LayerWeights
 
 
 def main() -> None:
@@ -26,11 +24,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
     args = p.parse_args()
-    dims = Dims.of(args.config, args.tp)
-    lid = next(i for i, r in enumerate(dims.model.compress_ratios) if r)
-    layer = LayerWeights(dims, args.tp - 1, lid, device="cuda")
-    layer.dummy_load(seed=1)
-    sc = make_scenario(dims, lid, args.tokens, seed=args.tokens, device="cuda")
+    dims, layer = compressed_layer(args.config, args.tp, seed=1)
+    sc = make_scenario(dims, layer.layer_id, args.tokens, seed=args.tokens, device="cuda")
     step = step_function(args.backend)
     if isinstance(step, str):
         raise SystemExit(step)

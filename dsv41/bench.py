@@ -89,6 +89,19 @@ def weight_bytes(layer) -> int:
     return sum(p.numel() * p.element_size() for p in layer.parameters())
 
 
+def compressed_layer(config: str, tp: int, seed: int, device: str = "cuda"):
+    """``(dims, layer)``: the last rank's dummy-loaded weights of the model's first compressed
+    layer (one that reads both caches), as the profiling scripts use it."""
+    from dsv41.common.geometry import Dims
+    from dsv41.common.weights import LayerWeights
+
+    dims = Dims.of(config, tp)
+    layer_id = next(i for i, r in enumerate(dims.model.compress_ratios) if r)
+    layer = LayerWeights(dims, tp - 1, layer_id, device=device)
+    layer.dummy_load(seed=seed)
+    return dims, layer
+
+
 def step_function(backend: str):
     """``step(layer, scenario)`` of a backend (enqueue only, graph-capturable), or why not."""
     if backend == "nvidia":

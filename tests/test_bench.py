@@ -45,3 +45,10 @@ def test_plot_writes_a_png_or_says_why_not(tmp_path):
 def test_cli_bench_refuses_without_a_gpu(capsys):
     assert cli.main(["bench", "--backend", "nvidia"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_compressed_layer_is_the_first_layer_with_both_caches():
+    dims, layer = bench.compressed_layer("tiny", 2, seed=3, device="cpu")
+    ratios = dims.model.compress_ratios
+    assert ratios[layer.layer_id] and not any(ratios[: layer.layer_id])
+    assert layer.rank == 1 and layer.wqkv.float().abs().sum() > 0  # last rank, loaded
