@@ -225,7 +225,7 @@ class Plan:
 
     @property
     def xq_blocks(self) -> int:
-        """xq tasks a K half: hidden / 2 / k_block (20)."""
+        """xq tasks a K half: hidden / 2 / k_block (dsv41-flash: 5 up to 16 tokens, 10 above)."""
         half = self.dims.model.hidden // K_HALVES
         return half // k_block(half, self.tokens)
 
