@@ -36,14 +36,7 @@ import weakref
 import torch
 
 from dsv41.amd.mono.kernel import mono_kernel
-from dsv41.amd.mono.plan import (
-    CTL_EPOCH,
-    CTL_ERROR,
-    MAX_TOKENS,
-    Plan,
-    gemv_on_cores,
-    k_block,
-)
+from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, MAX_TOKENS, Plan
 from dsv41.common.fused_layout import permute_q_from_fused
 from dsv41.common.kv_cache import FP8_DS_MLA, PagedKVCache, validate_key_table
 from dsv41.common.rope import rope_tables
@@ -165,10 +158,8 @@ class MonoRunner:
             O_RANK=m.o_rank, GROUP_K=p.dims.group_k, O_ROWS=p.dims.o_rows, KEYS=m.keys,
             KC=p.key_chunk, CHUNKS=p.chunks, WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
-            TB=p.token_block, BK_X=k_block(m.hidden // 2, p.tokens),
-            BK_QR=k_block(m.q_rank, p.tokens), BK_GK=k_block(p.dims.group_k, p.tokens),
-            BK_OR=k_block(p.dims.o_rows, p.tokens), EXACT=_interpreted(),
-            GEMV_CORES=gemv_on_cores(p.tokens), TRACE=trace is not None, num_warps=NUM_WARPS,
+            TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,
+            num_warps=NUM_WARPS,
         )
 
     def report_async(self) -> None:

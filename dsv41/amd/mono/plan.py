@@ -223,11 +223,25 @@ class Plan:
         """Token rows a GEMV tile carries: the next power of two >= max(tokens, 16) (64 at 48)."""
         return max(16, 1 << (self.tokens - 1).bit_length())
 
+    @functools.cached_property
+    def tiling(self) -> dict[str, int | bool]:
+        """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
+        Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` wo_a, ``BK_OR`` wo_b) and
+        ``GEMV_CORES``. Read once (the switches included), so the task tables and the
+        launches built from one plan always agree."""
+        m, d = self.dims.model, self.dims
+        return {
+            "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
+            "BK_QR": k_block(m.q_rank, self.tokens),
+            "BK_GK": k_block(d.group_k, self.tokens),
+            "BK_OR": k_block(d.o_rows, self.tokens),
+            "GEMV_CORES": gemv_on_cores(self.tokens),
+        }
+
     @property
     def xq_blocks(self) -> int:
-        """xq tasks a K half: hidden / 2 / k_block (dsv41-flash: 5 up to 16 tokens, 10 above)."""
-        half = self.dims.model.hidden // K_HALVES
-        return half // k_block(half, self.tokens)
+        """xq tasks a K half: hidden / 2 / BK_X (dsv41-flash: 5 up to 16 tokens, 10 above)."""
+        return self.dims.model.hidden // K_HALVES // self.tiling["BK_X"]
 
     @property
     def chunks(self) -> int:
