@@ -208,10 +208,12 @@ def test_gemv_block_by_tokens_and_override_is_checked(monkeypatch) -> None:
 
 
 def test_gemv_cores_switch_is_checked(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import gemv_on_cores
+    from dsv41.amd.mono.plan import CORES_TOKENS, gemv_on_cores
 
     monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
-    assert not gemv_on_cores(1)  # off unless asked for
+    assert gemv_on_cores(1) and gemv_on_cores(CORES_TOKENS) and not gemv_on_cores(CORES_TOKENS + 1)
+    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "0")
+    assert not gemv_on_cores(1)
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "4")
     assert gemv_on_cores(1) and gemv_on_cores(4) and not gemv_on_cores(5)
     for bad in ("-1", "49", "x"):

@@ -177,6 +177,21 @@ def _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0, K: tl.constexpr, ROWS:
 
 
 @triton.jit
+def _act_block(a_ptr, as_ptr, a_at, as_at, k0, K: tl.constexpr, BK: tl.constexpr):
+    """One token row's MXFP8 activation block ``a[k0 : k0 + BK]`` as ``[BK / 32, 32]`` values
+    and ``[BK / 32]`` codes (``.cg``: written in this launch); nothing past K is read."""
+    a8 = tl.load(a_ptr + k0 + a_at, mask=k0 < K, other=0.0, cache_modifier=".cg")
+    a_s = tl.load(as_ptr + k0 // MX + as_at, mask=k0 < K, other=0, cache_modifier=".cg")
+    return a8, a_s
+
+
+@triton.jit
+def _block_dots(wf, a, w_scale):
+    """``sum_b w_scale[:, b] * sum_j wf[:, b, j] a[b, j]``: fp32 sums, one per weight row."""
+    return tl.sum(tl.sum(wf * a[None, :, :], axis=2) * w_scale, axis=1)
+
+
+@triton.jit
 def _gemv(
     a_ptr, as_ptr, a_stride, S,
     w_ptr, ws_ptr, w_stride, ws_stride,
@@ -191,10 +206,10 @@ def _gemv(
     and the loop (they are read once: evict first). Returns ``(acc, ok)``.
 
     A K block is multiplied on tensor cores (both operands dequantized, TB token
-    rows), or with ``CORES`` on CUDA cores, one live token row at a time: each MX
-    block's 32 products with the row's dequantized values summed in fp32, times
-    the weight's scale, the blocks summed in fp32. No padding row is computed and
-    nothing goes through shared memory but the row sums (``DSV41_MONO_GEMV_CORES``).
+    rows), or with ``CORES`` on CUDA cores (TB is then the next power of two >= S,
+    ``plan.gemv_on_cores``): each MX block's 32 products with a token row's
+    dequantized values summed in fp32, times the weight's scale, the blocks summed
+    in fp32; with one token its activation block is loaded one block ahead.
     """
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
@@ -206,19 +221,24 @@ def _gemv(
     acc = tl.zeros((TB, ROWS), tl.float32)
     if CORES:
         BLOCKS: tl.constexpr = BK // MX
-        e = tl.arange(0, MX)
+        a_at = kb[:, None] * MX + tl.arange(0, MX)[None, :]  # [BLOCKS, MX]
+        if TB == 1:  # one token: its next activation block is loaded ahead of the products
+            r8, r_s = _act_block(a_ptr, as_ptr, a_at, kb, 0, K, BK)
         for k0 in range(0, K, BK):
             wf = tl.reshape(w0.to(tl.float32), (ROWS, BLOCKS, MX))
             w_scale = e8m0_scale_tl(ws0.to(tl.int32))  # [ROWS, BLOCKS]
             w0, ws0 = w1, ws1
             w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 2 * BK, K, ROWS, BK)
-            for r in range(S):
-                a8 = tl.load(a_ptr + r * a_stride + k0 + kb[:, None] * MX + e[None, :],
-                             cache_modifier=".cg")
-                a_s = tl.load(as_ptr + r * (a_stride // MX) + k0 // MX + kb, cache_modifier=".cg")
-                a = a8.to(tl.float32) * e8m0_scale_tl(a_s.to(tl.int32))[:, None]  # [BLOCKS, MX]
-                dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * w_scale, axis=1)  # [ROWS]
-                acc += tl.where(tok[:, None] == r, dots[None, :], 0.0)
+            if TB == 1:
+                a = r8.to(tl.float32) * e8m0_scale_tl(r_s.to(tl.int32))[:, None]  # [BLOCKS, MX]
+                r8, r_s = _act_block(a_ptr, as_ptr, a_at, kb, k0 + BK, K, BK)
+                acc += _block_dots(wf, a, w_scale)[None, :]
+            else:
+                for r in range(S):
+                    r8, r_s = _act_block(a_ptr + r * a_stride, as_ptr + r * (a_stride // MX),
+                                         a_at, kb, k0, K, BK)
+                    a = r8.to(tl.float32) * e8m0_scale_tl(r_s.to(tl.int32))[:, None]
+                    acc += tl.where(tok[:, None] == r, _block_dots(wf, a, w_scale)[None, :], 0.0)
         return acc, ok
     for k0 in range(0, K, BK):
         a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :], mask=live, other=0.0,

@@ -83,6 +83,10 @@ K_HALVES = 2  # Wqkv's K dimension runs in two halves
 GEMV_BLOCK = 256
 GEMV_BLOCK_FEW = 512
 FEW_TOKENS = 16
+# Steps of up to CORES_TOKENS tokens multiply their GEMV blocks on CUDA cores (kernel.py, _gemv);
+# DSV41_MONO_GEMV_CORES overrides it. H200, tp 4, us a step at M = 1 / 4 / 16 on tensor cores:
+# 173.0 / 178.4 / 190.9; on CUDA cores: 94.2 / 163.5 / 449.1.
+CORES_TOKENS = 4
 KEY_CHUNK = 64  # keys of an attention task (at most; see Plan.key_chunk)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -116,8 +120,8 @@ def gemv_block(tokens: int) -> int:
 
 def gemv_on_cores(tokens: int) -> bool:
     """Whether a step of ``tokens`` tokens multiplies its GEMV blocks on CUDA cores: up to
-    ``DSV41_MONO_GEMV_CORES`` tokens (default 0: never; an A/B switch, not yet measured)."""
-    raw = os.environ.get("DSV41_MONO_GEMV_CORES", "0")
+    ``CORES_TOKENS`` tokens, or up to ``DSV41_MONO_GEMV_CORES`` when set (0: never)."""
+    raw = os.environ.get("DSV41_MONO_GEMV_CORES", str(CORES_TOKENS))
     if not raw.isdigit() or int(raw) > MAX_TOKENS:
         raise ValueError(f"DSV41_MONO_GEMV_CORES: expected a token count 0..{MAX_TOKENS}, got {raw!r}")
     return tokens <= int(raw)
@@ -220,8 +224,10 @@ class Plan:
 
     @property
     def token_block(self) -> int:
-        """Token rows a GEMV tile carries: the next power of two >= max(tokens, 16) (64 at 48)."""
-        return max(16, 1 << (self.tokens - 1).bit_length())
+        """Token rows a GEMV tile carries: the next power of two >= tokens, at least 16 (the
+        smallest MMA) unless the GEMV runs on CUDA cores (64 at 48 tokens, 1 at 1)."""
+        rows = 1 << (self.tokens - 1).bit_length()
+        return rows if self.tiling["GEMV_CORES"] else max(16, rows)
 
     @functools.cached_property
     def tiling(self) -> dict[str, int | bool]:
