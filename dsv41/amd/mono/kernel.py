@@ -209,7 +209,9 @@ def _gemv(
     rows), or with ``CORES`` on CUDA cores (TB is then the next power of two >= S,
     ``plan.gemv_on_cores``): each MX block's 32 products with a token row's
     dequantized values summed in fp32, times the weight's scale, the blocks summed
-    in fp32; with one token its activation block is loaded one block ahead.
+    in fp32. With one token its activation block is loaded one block ahead and the
+    products (exact in fp32: e4m3 times e4m3 times powers of two) are added lane by
+    lane across the K blocks, then summed once: no cross-thread reduction in the loop.
     """
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
@@ -224,6 +226,7 @@ def _gemv(
         a_at = kb[:, None] * MX + tl.arange(0, MX)[None, :]  # [BLOCKS, MX]
         if TB == 1:  # one token: its next activation block is loaded ahead of the products
             r8, r_s = _act_block(a_ptr, as_ptr, a_at, kb, 0, K, BK)
+            lanes = tl.zeros((ROWS, BLOCKS), tl.float32)
         for k0 in range(0, K, BK):
             wf = tl.reshape(w0.to(tl.float32), (ROWS, BLOCKS, MX))
             w_scale = e8m0_scale_tl(ws0.to(tl.int32))  # [ROWS, BLOCKS]
@@ -232,13 +235,15 @@ def _gemv(
             if TB == 1:
                 a = r8.to(tl.float32) * e8m0_scale_tl(r_s.to(tl.int32))[:, None]  # [BLOCKS, MX]
                 r8, r_s = _act_block(a_ptr, as_ptr, a_at, kb, k0 + BK, K, BK)
-                acc += _block_dots(wf, a, w_scale)[None, :]
+                lanes += tl.sum(wf * a[None, :, :], axis=2) * w_scale
             else:
                 for r in range(S):
                     r8, r_s = _act_block(a_ptr + r * a_stride, as_ptr + r * (a_stride // MX),
                                          a_at, kb, k0, K, BK)
                     a = r8.to(tl.float32) * e8m0_scale_tl(r_s.to(tl.int32))[:, None]
                     acc += tl.where(tok[:, None] == r, _block_dots(wf, a, w_scale)[None, :], 0.0)
+        if TB == 1:
+            acc += tl.sum(lanes, axis=1)[None, :]
         return acc, ok
     for k0 in range(0, K, BK):
         a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :], mask=live, other=0.0,
