@@ -2,7 +2,7 @@
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|trace|ncu|all]
-# ab: the open A/B (mono's GEMV on CUDA cores, DSV41_MONO_GEMV_CORES; prepared, not yet measured).
+# ab: the open A/B (mono: CUDA-core GEMV at 8 tokens, K block 1024, 32-key chunks) and mono's GPU tests.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -51,14 +51,14 @@ if [ "$what" = ncu ]; then
   done
 fi
 if [ "$what" = ab ]; then
-  # Prepared in session 4, not yet measured: mono's GEMV blocks on CUDA cores up to N tokens
-  # (DSV41_MONO_GEMV_CORES=N), the step time at N = 0 / 1 / 4 / 16, the stage trace at M = 1,
-  # and the mono GPU tests with the CUDA-core loop at every token count (N = 48).
-  for n in 0 1 4 16; do
-    DSV41_MONO_GEMV_CORES=$n timeout 150 python3 -m dsv41.cli bench --backend mono --config dsv41-flash \
-      --tp 4 --tokens 1,4,16 --reference-repeats 1 2>&1 | grep -E "^mono " | sed "s/^/cores <= $n: /"
-  done
-  DSV41_MONO_GEMV_CORES=1 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
-  DSV41_MONO_GEMV_CORES=48 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
-    --timeout 500 2>&1 | tail -4
+  # Session 5's A/B: mono's CUDA-core GEMV (default up to 4 tokens) at 8 tokens, its K block
+  # 1024, 32-key attention chunks; the stage trace at M = 1; the mono GPU tests.
+  b() { timeout 150 python3 -m dsv41.cli bench --backend mono --config dsv41-flash --tp 4 \
+    --reference-repeats 1 "$@" 2>&1 | grep -E "^mono "; }
+  b --tokens 1,2,4,8,16 | sed "s/^/default: /"
+  DSV41_MONO_GEMV_CORES=8 b --tokens 8 | sed "s/^/cores <= 8: /"
+  DSV41_MONO_GEMV_BLOCK=1024 b --tokens 1 | sed "s/^/K block 1024: /"
+  DSV41_MONO_KEY_CHUNK=32 b --tokens 1,4 | sed "s/^/key chunk 32: /"
+  timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tail -4
 fi

@@ -87,7 +87,7 @@ FEW_TOKENS = 16
 # DSV41_MONO_GEMV_CORES overrides it. H200, tp 4, us a step at M = 1 / 4 / 16 on tensor cores:
 # 173.0 / 178.4 / 190.9; on CUDA cores: 94.2 / 163.5 / 449.1.
 CORES_TOKENS = 4
-KEY_CHUNK = 64  # keys of an attention task (at most; see Plan.key_chunk)
+KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
 REGION_ALIGN = 256
@@ -188,7 +188,8 @@ class Plan:
 
     dims: Dims
     tokens: int
-    key_chunk: int = 0  # 0: min(KEY_CHUNK, keys / 2), so every token has two chunks to merge
+    # 0: min(KEY_CHUNK or DSV41_MONO_KEY_CHUNK, keys / 2), so every token has two chunks to merge
+    key_chunk: int = 0
     capacity: int = 0
 
     def __post_init__(self):
@@ -210,7 +211,11 @@ class Plan:
                 f"got {self.capacity}"
             )
         if self.key_chunk == 0:
-            object.__setattr__(self, "key_chunk", min(KEY_CHUNK, m.keys // 2))
+            raw = os.environ.get("DSV41_MONO_KEY_CHUNK", str(KEY_CHUNK))
+            if not raw.isdigit():
+                raise ValueError(f"DSV41_MONO_KEY_CHUNK: expected a key count, got {raw!r}")
+            chunk = int(raw)
+            object.__setattr__(self, "key_chunk", min(chunk, m.keys // 2))
         kc = self.key_chunk
         if kc < KEY_SLICE or kc & (kc - 1) or m.keys % kc:
             raise ValueError(
