@@ -49,6 +49,9 @@ class Model:
                 task = Task(st.name, plan.task_coords(st.name, i))
                 getattr(self, "_" + st.name)(task, *task.coords)
                 self.tasks.append(task)
+                if st.name == "woa" and plan.woa_parts > 1 and task.coords[1] == plan.woa_parts - 1:
+                    # Whichever part arrives last at wrdy sums the block: a task after them all.
+                    self.tasks.append(self._woa_sum(task.coords[0]))
 
     # -- byte spans -> lines ----------------------------------------------------------
 
@@ -85,6 +88,8 @@ class Model:
         p, d, m = self.p, self.d, self.m
         xq_tasks = p.stage("xq").tasks
         out = {("qrdy", 0): p.tokens, ("ardy", 0): d.woa_tasks}
+        if p.woa_parts > 1:
+            out |= {("wrdy", b): p.woa_parts for b in range(d.woa_tasks)}
         if self.split_x_ready:
             out |= {("xrdy", h): xq_tasks // K_HALVES for h in range(K_HALVES)}
             out[("xrdy", K_HALVES)] = K_HALVES * p.wqkv_tiles
@@ -162,15 +167,34 @@ class Model:
             task.writes.append(self._span("xos", (s, col // MX_BLOCK), 1, c1 - c0, g))
         task.arrive = ("crdy", tile)
 
-    def _woa(self, task: Task, i: int) -> None:
-        d, m = self.d, self.m
-        row0 = i * WOA_TASK_ROWS
+    def _woa(self, task: Task, block: int, part: int) -> None:
+        d, m, parts = self.d, self.m, self.p.woa_parts
+        row0 = block * WOA_TASK_ROWS
         group = row0 // m.o_rank
+        kp = d.group_k // parts
+        col = group * d.group_k + part * kp
         task.waits = [("crdy", group * m.heads_per_group // HEAD_TILE)]
-        task.reads = [self._rows("xo", (), group * d.group_k, d.group_k),
-                      self._rows("xos", (), group * d.group_k // MX_BLOCK, d.group_k // MX_BLOCK)]
-        task.writes = [self._rows("z", (), row0, WOA_TASK_ROWS),
-                       self._rows("x8b", (), row0, WOA_TASK_ROWS), self._rows("x8bs", (), i, 1)]
+        task.reads = [self._rows("xo", (), col, kp),
+                      self._rows("xos", (), col // MX_BLOCK, kp // MX_BLOCK)]
+        if parts > 1:
+            task.writes = [self._rows("woap", (part,), row0, WOA_TASK_ROWS)]
+            task.arrive = ("wrdy", block)
+        else:
+            self._woa_out(task, block)
+
+    def _woa_sum(self, block: int) -> Task:
+        """The sum of a row block's K parts, by the last of them to arrive at wrdy."""
+        task = Task("woa sum", (block,), waits=[("wrdy", block)])
+        task.reads = [self._rows("woap", (p,), block * WOA_TASK_ROWS, WOA_TASK_ROWS)
+                      for p in range(self.p.woa_parts)]
+        self._woa_out(task, block)
+        return task
+
+    def _woa_out(self, task: Task, block: int) -> None:
+        row0 = block * WOA_TASK_ROWS
+        task.writes += [self._rows("z", (), row0, WOA_TASK_ROWS),
+                        self._rows("x8b", (), row0, WOA_TASK_ROWS),
+                        self._rows("x8bs", (), block, 1)]
         task.arrive = ("ardy", 0)
 
     def _wob(self, task: Task, i: int) -> None:

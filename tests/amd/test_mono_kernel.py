@@ -13,25 +13,28 @@ from dsv41.amd.mono.plan import CTL_EPOCH
 from dsv41.common.rope import rope_tables
 from dsv41.common.scenario import make_scenario
 
-MAILBOXES = ("ctl", "xrdy", "qrdy", "srdy", "crdy", "ardy")
+MAILBOXES = ("ctl", "xrdy", "qrdy", "srdy", "crdy", "ardy", "wrdy")
 BIT_EXACT = ("x8", "x8s")  # no arithmetic before them that could differ in order
 ACCUMULATED = ("qkvp", "part", "pstat")  # fp32 sums: a different order moves the last bits
 QUANTIZED = ("qx8", "qx8s", "q", "xo", "xos", "x8b", "x8bs")  # roundings of those sums
-LONG_SUMS = ("z",)  # bf16 of a 4096-term sum over xo: small flips there move it a little
+# sums over xo (the bf16 z of 4096 terms, its fp32 K parts): xo's few flips move them a little
+LONG_SUMS = ("z", "woap")
 
 
 @pytest.mark.parametrize(
-    "tp, layer_id, tokens, hidden, cores",
+    "tp, layer_id, tokens, hidden, cores, woa_parts",
     # both shares, all three layer kinds, S = 1, 7, 48; hidden 512: x in 4 xq blocks; the GEMV
-    # blocks on tensor cores, and on CUDA cores (DSV41_MONO_GEMV_CORES) at S = 1 and 7
-    [(4, 1, 1, 512, False), (2, 2, 7, 256, False), (4, 0, 48, 256, False), (4, 1, 1, 512, True),
-     (2, 2, 7, 256, True)],
+    # blocks on tensor cores, and on CUDA cores (DSV41_MONO_GEMV_CORES) at S = 1 and 7; wo_a
+    # in 1, 2 and 4 K parts (DSV41_MONO_WOA_PARTS)
+    [(4, 1, 1, 512, False, 4), (2, 2, 7, 256, False, 1), (4, 0, 48, 256, False, 4),
+     (4, 1, 1, 512, True, 4), (2, 2, 7, 256, True, 2)],
 )
 def test_kernel_matches_executor_and_reference(
-    tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, tiny_layer, run_mono,
-    run_reference, monkeypatch,
+    tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, woa_parts: int, tiny_layer,
+    run_mono, run_reference, monkeypatch,
 ) -> None:
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
+    monkeypatch.setenv("DSV41_MONO_WOA_PARTS", str(woa_parts))
     lw = tiny_layer(tp, layer_id, hidden)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     kernel_sc, exec_sc = sc.clone_caches(), sc.clone_caches()

@@ -52,13 +52,15 @@ def test_scratch_layout(model: str, tp: int, tokens: int) -> None:
 
 
 def test_flash_tp4_counts(monkeypatch) -> None:
-    monkeypatch.delenv("DSV41_MONO_GEMV_BLOCK", raising=False)  # the default K block
+    for name in ("DSV41_MONO_GEMV_BLOCK", "DSV41_MONO_WOA_PARTS", "DSV41_MONO_KEY_CHUNK"):
+        monkeypatch.delenv(name, raising=False)  # the defaults
     plan = Plan(Dims.of("dsv41-flash", 4), 48)
     tasks = {s.name: s.tasks for s in plan.stages}
     assert tasks == {
-        "xq": 20, "wqkv": 224, "norm": 48, "wqb": 512, "attn": 480, "combine": 192, "woa": 64,
-        "wob": 320,
+        "xq": 20, "wqkv": 224, "norm": 48, "wqb": 512, "attn": 480, "combine": 192,
+        "woa": 64 * 4, "wob": 320,
     }
+    assert plan.tiling["BK_GK"] == 4096 // 4 // 4  # a K part of 1024 in K blocks of 256
     assert (plan.key_chunk, plan.chunks, plan.token_block) == (64, 10, 64)
 
 
@@ -86,6 +88,7 @@ def test_task_tables_cover_each_unit_once(tp: int) -> None:
     assert coords("combine") == [
         (s, t, c) for s in range(7) for t in range(plan.head_tiles) for c in range(COMBINE_PARTS)
     ]
+    assert coords("woa") == [(b, k) for b in range(d.woa_tasks) for k in range(plan.woa_parts)]
     # wq_b task i writes fused rows 16 i ..: exactly chunk i // heads of head i % heads.
     fused = permute_q_to_fused(torch.arange(d.q_rows).view(d.heads, d.model.head_dim))
     for i, (c, h) in enumerate(coords("wqb")):
@@ -220,3 +223,17 @@ def test_gemv_cores_switch_is_checked(monkeypatch) -> None:
         monkeypatch.setenv("DSV41_MONO_GEMV_CORES", bad)
         with pytest.raises(ValueError, match="DSV41_MONO_GEMV_CORES: expected a token count"):
             gemv_on_cores(1)
+
+
+def test_woa_parts_are_checked(monkeypatch) -> None:
+    dims = Dims.of("dsv41-flash", 4)
+    monkeypatch.setenv("DSV41_MONO_WOA_PARTS", "2")
+    assert Plan(dims, 1).woa_parts == 2 and Plan(dims, 1, woa_parts=8).woa_parts == 8
+    assert Plan(dims, 1, woa_parts=1).stage("woa").tasks == dims.woa_tasks
+    for bad in ("3", "16"):
+        monkeypatch.setenv("DSV41_MONO_WOA_PARTS", bad)
+        with pytest.raises(ValueError, match=f"woa_parts: expected 1, 2, 4 or 8 .*got {bad}"):
+            Plan(dims, 1)
+    monkeypatch.setenv("DSV41_MONO_WOA_PARTS", "x")
+    with pytest.raises(ValueError, match="DSV41_MONO_WOA_PARTS: expected a part count"):
+        Plan(dims, 1)

@@ -79,12 +79,15 @@ class ScheduleExecutor:
         if int(self.r[region][box, 1]) != self.epoch:
             raise ScheduleError(f"{region}[{box}]: waited on before its producers finished")
 
-    def _arrive(self, region: str, box: int, arrivals: int) -> None:
+    def _arrive(self, region: str, box: int, arrivals: int) -> bool:
+        """Count one arrival; True for the ``arrivals``-th, which publishes the tag."""
         mb = self.r[region][box]
         mb[0] += 1
-        if int(mb[0]) == arrivals:
-            mb[0] = 0
-            mb[1] = self.epoch
+        if int(mb[0]) != arrivals:
+            return False
+        mb[0] = 0
+        mb[1] = self.epoch
+        return True
 
     # -- helpers -----------------------------------------------------------------
 
@@ -208,17 +211,27 @@ class ScheduleExecutor:
             self.r["xos"][s, code_cols] = fused_codes[k, c0 * g : c1 * g]
         self._arrive("crdy", tile, p.tokens * COMBINE_PARTS)
 
-    def _woa(self, i: int) -> None:
-        d, lw = self.plan.dims, self.layer
-        row0 = i * WOA_TASK_ROWS
+    def _woa(self, block: int, part: int) -> None:
+        d, lw, parts = self.plan.dims, self.layer, self.plan.woa_parts
+        row0 = block * WOA_TASK_ROWS
         g = row0 // d.model.o_rank
         self._wait("crdy", g * d.model.heads_per_group // HEAD_TILE)
         rows = slice(row0, row0 + WOA_TASK_ROWS)
-        # The task's activations are its group's xo (fused O layout = wo_a's column order).
-        cols = slice(g * d.group_k, (g + 1) * d.group_k)
-        z = self._gemv("xo", cols, lw.wo_a[rows], lw.wo_a_scale[rows]).to(torch.bfloat16)
+        # The task's activations are its group's xo (fused O layout = wo_a's column order),
+        # K part ``part``: columns kp * part .. of the group.
+        kp = d.group_k // parts
+        w_cols = slice(part * kp, (part + 1) * kp)
+        cols = slice(g * d.group_k + w_cols.start, g * d.group_k + w_cols.stop)
+        sc = slice(w_cols.start // MX_BLOCK, w_cols.stop // MX_BLOCK)
+        acc = self._gemv("xo", cols, lw.wo_a[rows, w_cols], lw.wo_a_scale[rows, sc])
+        if parts > 1:
+            self.r["woap"][part, :, rows] = acc
+            if not self._arrive("wrdy", block, parts):
+                return
+            acc = self.r["woap"][:, :, rows].sum(dim=0)
+        z = acc.to(torch.bfloat16)
         values, codes = mxfp8_quantize(z)
-        self.r["x8b"][:, rows], self.r["x8bs"][:, i] = values, codes[:, 0]
+        self.r["x8b"][:, rows], self.r["x8bs"][:, block] = values, codes[:, 0]
         self.r["z"][:, rows] = z
         self._arrive("ardy", 0, d.woa_tasks)
 

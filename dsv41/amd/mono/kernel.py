@@ -90,13 +90,19 @@ def _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket):
 
 @triton.jit
 def _arrive(box_ptr, arrivals, tag, ok):
-    """Count one arrival; the ``arrivals``-th resets the count and publishes ``tag`` (release)."""
+    """Count one arrival; the ``arrivals``-th resets the count and publishes ``tag`` (release).
+
+    Returns whether this was the ``arrivals``-th (acq_rel: it has seen every earlier
+    arrival's writes)."""
     tl.debug_barrier()
+    last = ok
     if ok:
         old = tl.atomic_add(box_ptr, 1, sem="acq_rel", scope="gpu")
-        if old == arrivals - 1:
+        last = old == arrivals - 1
+        if last:
             tl.atomic_xchg(box_ptr, 0, sem="relaxed", scope="gpu")
             tl.atomic_xchg(box_ptr + 1, tag, sem="release", scope="gpu")
+    return last
 
 
 # -- arithmetic helpers -------------------------------------------------------------
@@ -496,32 +502,47 @@ def _wqb_task(
 
 @triton.jit
 def _woa_task(
-    t, i, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, w_ptr, ws_ptr,
-    S, tag, spin_limit, ctl_ptr,
+    t, i, xo_ptr, xos_ptr, crdy_ptr, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
+    w_ptr, ws_ptr, S, cap, tag, spin_limit, ctl_ptr,
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
-    TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr,
+    PARTS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
+    CORES: tl.constexpr,
 ):
-    """wo_a rows ``32 i ..`` of group ``32 i // o_rank``: ``z = bf16(xo_g @ wo_a^T)``,
-    ``x8b = mxfp8(z)``."""
-    row0 = i * WOA_ROWS
+    """wo_a rows ``32 block ..`` of group ``32 block // o_rank``, K part ``part`` of PARTS;
+    the block's last part: ``z = bf16(sum of the parts)``, ``x8b = mxfp8(z)``."""
+    block = i // PARTS
+    part = i % PARTS
+    KP: tl.constexpr = GROUP_K // PARTS
+    row0 = block * WOA_ROWS
     group = row0 // O_RANK
-    col0 = group * GROUP_K
+    col0 = group * GROUP_K + part * KP
     acc, ok = _gemv(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
-        w_ptr + row0 * GROUP_K, ws_ptr + row0 * (GROUP_K // MX), GROUP_K, GROUP_K // MX,
-        crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_), tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, GROUP_K, TB, BK, EXACT, CORES,
+        w_ptr + row0 * GROUP_K + part * KP, ws_ptr + row0 * (GROUP_K // MX) + part * (KP // MX),
+        GROUP_K, GROUP_K // MX, crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_), tag,
+        spin_limit, ctl_ptr, t, WOA_ROWS, KP, TB, BK, EXACT, CORES,
     )
-    z = bf16_round_tl(acc)
-    values, codes = mx_quantize_tl(z, TB, WOA_ROWS)
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
     live = (tok < S)[:, None]
-    tl.store(z_ptr + tok[:, None] * O_ROWS + row0 + r[None, :], z.to(tl.bfloat16), mask=live)
-    tl.store(x8b_ptr + tok[:, None] * O_ROWS + row0 + r[None, :], values, mask=live)
-    tl.store(x8bs_ptr + tok[:, None] * (O_ROWS // MX) + i + tl.arange(0, 1)[None, :],
-             codes.to(tl.uint8), mask=live)
-    _arrive(ardy_ptr, O_ROWS // WOA_ROWS, tag, ok)
+    final = ok
+    if PARTS > 1:
+        at = tok[:, None] * O_ROWS + row0 + r[None, :]
+        tl.store(woap_ptr + part * cap * O_ROWS + at, acc, mask=live)
+        final = _arrive(wrdy_ptr + 2 * block, PARTS, tag, ok)
+        if final:  # the block's last part: every part's partial is written
+            tl.debug_barrier()
+            p = tl.arange(0, PARTS)[:, None, None]
+            acc = tl.sum(tl.load(woap_ptr + p * (cap * O_ROWS) + at[None, :, :],
+                                 mask=live[None, :, :], other=0.0, cache_modifier=".cg"), axis=0)
+    if final:
+        z = bf16_round_tl(acc)
+        values, codes = mx_quantize_tl(z, TB, WOA_ROWS)
+        tl.store(z_ptr + tok[:, None] * O_ROWS + row0 + r[None, :], z.to(tl.bfloat16), mask=live)
+        tl.store(x8b_ptr + tok[:, None] * O_ROWS + row0 + r[None, :], values, mask=live)
+        tl.store(x8bs_ptr + tok[:, None] * (O_ROWS // MX) + block + tl.arange(0, 1)[None, :],
+                 codes.to(tl.uint8), mask=live)
+        _arrive(ardy_ptr, O_ROWS // WOA_ROWS, tag, final)
     return ok
 
 
@@ -553,6 +574,7 @@ def mono_kernel(
     # scratch regions (plan.py) and control words
     ctl_ptr, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr,
     part_ptr, pstat_ptr, srdy_ptr, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
+    woap_ptr, wrdy_ptr,
     # step inputs and output
     x_ptr, pos_ptr, slot_ptr, key_ptr, win_ptr, comp_ptr, y_ptr,
     # int64 [tasks, 3] (start ns, end ns, program) of every task when TRACE
@@ -568,7 +590,8 @@ def mono_kernel(
     # geometry
     HIDDEN: tl.constexpr, Q_RANK: tl.constexpr, Q_RANK_P: tl.constexpr, QKV_ROWS: tl.constexpr,
     NOPE: tl.constexpr, HEADS: tl.constexpr, HEAD_TILES: tl.constexpr, O_RANK: tl.constexpr,
-    GROUP_K: tl.constexpr, O_ROWS: tl.constexpr, KEYS: tl.constexpr, KC: tl.constexpr,
+    GROUP_K: tl.constexpr, O_ROWS: tl.constexpr, WOA_PARTS: tl.constexpr, KEYS: tl.constexpr,
+    KC: tl.constexpr,
     CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
@@ -628,9 +651,10 @@ def mono_kernel(
                          CHUNKS, GROUP_K, NOPE)
             _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
         elif t < end_woa:
-            ok = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr,
-                           ardy_ptr, z_ptr, woa_ptr, woa_s_ptr, S, tag, spin_limit, ctl_ptr,
-                           HEADS, O_RANK, GROUP_K, O_ROWS, TB, BK_GK, EXACT, GEMV_CORES)
+            ok = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr, wrdy_ptr,
+                           x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr, S, cap, tag,
+                           spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K, O_ROWS, WOA_PARTS, TB,
+                           BK_GK, EXACT, GEMV_CORES)
         else:
             ok = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr, wob_s_ptr,
                            S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT,

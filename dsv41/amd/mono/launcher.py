@@ -81,7 +81,7 @@ class MonoRunner:
         self.plan = Plan(layer.dims, tokens, key_chunk, MAX_TOKENS if shared else tokens)
         self.device = layer.wqkv.device
         if shared:
-            key = (str(self.device), self.plan.dims, self.plan.key_chunk)
+            key = (str(self.device), self.plan.dims, self.plan.key_chunk, self.plan.woa_parts)
             if key not in _SHARED_SCRATCH:
                 _SHARED_SCRATCH[key] = self.plan.new_scratch(self.device, epoch)
             self.scratch = _SHARED_SCRATCH[key]
@@ -145,7 +145,7 @@ class MonoRunner:
         mono_kernel[(self.programs,)](
             v["ctl"], v["x8"], v["x8s"], v["xrdy"], v["qkvp"], v["qx8"], v["qx8s"], v["qrdy"],
             v["q"], v["part"], v["pstat"], v["srdy"], v["xo"], v["xos"], v["crdy"], v["x8b"],
-            v["x8bs"], v["ardy"], v["z"],
+            v["x8bs"], v["ardy"], v["z"], v["woap"], v["wrdy"],
             x, positions, slot_mapping, key_table, window_cache.data, comp.data, y,
             y if trace is None else trace,
             lw.wqkv, lw.wqkv_scale, lw.q_norm, lw.kv_norm, lw.wq_b, lw.wq_b_scale, lw.wo_a,
@@ -155,7 +155,8 @@ class MonoRunner:
             m.eps, m.softmax_scale,
             HIDDEN=m.hidden, Q_RANK=m.q_rank, Q_RANK_P=1 << (m.q_rank - 1).bit_length(),
             QKV_ROWS=m.qkv_rows, NOPE=m.nope_dim, HEADS=p.dims.heads, HEAD_TILES=p.head_tiles,
-            O_RANK=m.o_rank, GROUP_K=p.dims.group_k, O_ROWS=p.dims.o_rows, KEYS=m.keys,
+            O_RANK=m.o_rank, GROUP_K=p.dims.group_k, O_ROWS=p.dims.o_rows,
+            WOA_PARTS=p.woa_parts, KEYS=m.keys,
             KC=p.key_chunk, CHUNKS=p.chunks, WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,

@@ -28,9 +28,15 @@ attn       ``(s, tile, chunk)`` s-major: keys     qrdy[0] (records inserted), qr
 combine    ``(s, tile, part)`` s-major: dims      srdy[s, tile] (every chunk)
            ``128 part ..`` of 16 heads: merge the
            chunks, sink, inverse RoPE, MXFP8 -> xo
-woa        32 rows ``32 i ..`` of group           crdy[tile of the group] (every token, part)
-           ``32 i // o_rank`` -> MXFP8 z in x8b
-wob        16 rows ``16 i ..`` of y               ardy[0] (every woa task)
+woa        ``block, part = divmod(i, P)``: 32      crdy[tile of the group] (every token, part)
+           rows ``32 block ..`` of group
+           ``32 block // o_rank``, K part ``part``
+           of P (``Plan.woa_parts``) -> fp32
+           partial in woap[part]; the block's
+           last part to arrive at wrdy[block]
+           sums the P partials in part order
+           -> z, MXFP8 z in x8b (P = 1: no woap)
+wob        16 rows ``16 i ..`` of y               ardy[0] (every woa row block)
 =========  =====================================  ============================================
 
 Hand-offs are 8-byte mailboxes ``(count, tag)`` of int32 in the ``*rdy``
@@ -56,10 +62,13 @@ its half. ``tests/amd/test_mono_handoffs.py`` checks this for every region.
 Regions (byte offsets into one uint8 scratch, 256-B aligned, total rounded to
 4096): ``ctl`` (ticket, finished programs, epoch, error word), then the front
 ``x8, x8s, xrdy, qkvp, qx8, qx8s, qrdy, q`` and the back ``part, pstat, srdy,
-xo, xos, crdy, x8b, x8bs, ardy, z``. Two regions beyond SPEC §6's list: ``q``,
-the bf16 post-RoPE q in the fused Q layout that wqb writes and attn reads, and
-``z``, the bf16 z that woa also keeps for the z seam (x8b / x8bs are what wob
-reads).
+xo, xos, crdy, x8b, x8bs, ardy, z, woap, wrdy``. Regions beyond SPEC §6's
+list: ``q``, the bf16 post-RoPE q in the fused Q layout that wqb writes and attn
+reads; ``z``, the bf16 z that woa also keeps for the z seam (x8b / x8bs are
+what wob reads); ``woap`` and ``wrdy``, wo_a's fp32 K-part partials and the
+mailboxes that count them. The last arrival at a ``wrdy`` mailbox (an acq_rel
+count) is the task that sums the block's partials; the tag it also publishes
+is waited on by no one.
 """
 
 from __future__ import annotations
@@ -87,6 +96,9 @@ FEW_TOKENS = 16
 # DSV41_MONO_GEMV_CORES overrides it. H200, tp 4, us a step at M = 1 / 4 / 16 on tensor cores:
 # 173.0 / 178.4 / 190.9; on CUDA cores: 94.2 / 163.5 / 449.1.
 CORES_TOKENS = 4
+# wo_a's K (group_k) runs in WOA_K_PARTS parts, a task each (DSV41_MONO_WOA_PARTS overrides it):
+# 32-row tasks over the whole K were 64 tasks of 128 KB at tp 4, for 132 programs.
+WOA_K_PARTS = 4
 KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -98,7 +110,7 @@ CTL_TICKET, CTL_FINISHED, CTL_EPOCH, CTL_ERROR = range(CTL_WORDS)
 STAGES = ("xq", "wqkv", "norm", "wqb", "attn", "combine", "woa", "wob")
 
 FRONT = ("x8", "x8s", "xrdy", "qkvp", "qx8", "qx8s", "qrdy", "q")
-BACK = ("part", "pstat", "srdy", "xo", "xos", "crdy", "x8b", "x8bs", "ardy", "z")
+BACK = ("part", "pstat", "srdy", "xo", "xos", "crdy", "x8b", "x8bs", "ardy", "z", "woap", "wrdy")
 E4M3 = torch.float8_e4m3fn
 # Attention partials are fp32, not bf16: a bf16 partial is a second rounding of o before
 # the contract's one (bf16 o, then MXFP8), and at the tiny geometry it flipped 1.6 % of
@@ -191,9 +203,21 @@ class Plan:
     # 0: min(KEY_CHUNK or DSV41_MONO_KEY_CHUNK, keys / 2), so every token has two chunks to merge
     key_chunk: int = 0
     capacity: int = 0
+    woa_parts: int = 0  # 0: WOA_K_PARTS, or DSV41_MONO_WOA_PARTS when set
 
     def __post_init__(self):
         m = self.dims.model
+        if self.woa_parts == 0:
+            raw = os.environ.get("DSV41_MONO_WOA_PARTS", str(WOA_K_PARTS))
+            if not raw.isdigit():
+                raise ValueError(f"DSV41_MONO_WOA_PARTS: expected a part count, got {raw!r}")
+            object.__setattr__(self, "woa_parts", int(raw))
+        parts = self.woa_parts
+        if parts not in (1, 2, 4, 8) or self.dims.group_k % (parts * MX_BLOCK):
+            raise ValueError(
+                f"woa_parts: expected 1, 2, 4 or 8 parts of whole MX blocks of group_k = "
+                f"{self.dims.group_k}, got {parts}"
+            )
         if self.dims.tp not in MONO_TP:
             raise ValueError(
                 f"tp: expected one of {MONO_TP} for the mono kernel, got {self.dims.tp}"
@@ -237,14 +261,14 @@ class Plan:
     @functools.cached_property
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
-        Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` wo_a, ``BK_OR`` wo_b) and
+        Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b) and
         ``GEMV_CORES``. Read once (the switches included), so the task tables and the
         launches built from one plan always agree."""
         m, d = self.dims.model, self.dims
         return {
             "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
             "BK_QR": k_block(m.q_rank, self.tokens),
-            "BK_GK": k_block(d.group_k, self.tokens),
+            "BK_GK": k_block(d.group_k // self.woa_parts, self.tokens),
             "BK_OR": k_block(d.o_rows, self.tokens),
             "GEMV_CORES": gemv_on_cores(self.tokens),
         }
@@ -283,7 +307,7 @@ class Plan:
             "wqb": d.wqb_tasks,
             "attn": s * self.head_tiles * self.chunks,
             "combine": s * self.head_tiles * COMBINE_PARTS,
-            "woa": d.woa_tasks,
+            "woa": d.woa_tasks * self.woa_parts,
             "wob": d.wob_tasks,
         }
         out, first = [], 0
@@ -312,6 +336,8 @@ class Plan:
             return i // (tiles * chunks), (i // chunks) % tiles, i % chunks  # (s, tile, chunk)
         if name == "combine":
             return i // (tiles * COMBINE_PARTS), (i // COMBINE_PARTS) % tiles, i % COMBINE_PARTS
+        if name == "woa":
+            return divmod(i, self.woa_parts)  # (row block, K part)
         return (i,)
 
     # -- mailboxes -----------------------------------------------------------------
@@ -324,7 +350,8 @@ class Plan:
             "qrdy": 1 + self.head_tiles,  # "every norm task", then wqb per head tile
             "srdy": self.capacity * self.head_tiles,  # attn per (token, tile)
             "crdy": self.head_tiles,  # combine per tile, over tokens and parts
-            "ardy": 1,  # every woa task
+            "ardy": 1,  # every woa row block
+            "wrdy": self.dims.woa_tasks,  # the K parts of each woa row block
         }
 
     # -- scratch -------------------------------------------------------------------
@@ -353,11 +380,13 @@ class Plan:
             "x8bs": ((s, d.o_rows // MX_BLOCK), torch.uint8),
             "ardy": ((box["ardy"], MAILBOX_WORDS), torch.int32),
             "z": ((s, d.o_rows), torch.bfloat16),
+            "woap": ((self.woa_parts, s, d.o_rows), torch.float32),
+            "wrdy": ((box["wrdy"], MAILBOX_WORDS), torch.int32),
         }
         out, offset = {}, 0
         for name in ("ctl", *FRONT, *BACK):
             shape, dtype = shapes[name]
-            token_dim = None if name.endswith("rdy") or name == "ctl" else int(name == "qkvp")
+            token_dim = None if name.endswith("rdy") or name == "ctl" else int(name in ("qkvp", "woap"))
             out[name] = Region(name, offset, shape, dtype, token_dim)
             offset = _round_up(out[name].end, REGION_ALIGN)
         return out
