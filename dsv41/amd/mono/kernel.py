@@ -7,8 +7,10 @@ is posted. The last program to finish resets the ticket and finished words and
 advances the epoch, the tag of the next step's mailboxes. Hand-offs (module
 docstring of ``plan.py``): a consumer spins on its mailbox's tag with acquire
 atomics, at most ``spin_limit`` polls; on a timeout it posts ``ticket + 1`` to
-the error word (first error wins), skips its task and stops taking tickets, and
-every program stops at its next ticket once the error word is set. A producer
+the error word (first error wins), adds ``STOP_TICKETS`` to the ticket counter,
+skips its task and stops; every program stops at its next ticket, which is past
+the last task. A GEMV task does not poll the mailbox its program's previous
+GEMV task already saw full (it stays full for the rest of the launch). A producer
 publishes after a CTA barrier, with release atomics. Data produced inside the
 launch is read with ``.cg`` loads, and only after every producer of each
 128-B line it touches is done: a GEMV's 4-byte code loads may become
@@ -69,21 +71,24 @@ CTL_TICKET_: tl.constexpr = tl.constexpr(CTL_TICKET)
 CTL_FINISHED_: tl.constexpr = tl.constexpr(CTL_FINISHED)
 CTL_EPOCH_: tl.constexpr = tl.constexpr(CTL_EPOCH)
 CTL_ERROR_: tl.constexpr = tl.constexpr(CTL_ERROR)
+STOP_TICKETS: tl.constexpr = tl.constexpr(1 << 30)  # added to the ticket on an error: past any task
 
 # -- hand-offs -------------------------------------------------------------------
 
 
 @triton.jit
 def _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket):
-    """Spin until ``box.tag == tag`` (acquire), ``spin_limit`` polls at most; else post ticket+1."""
-    seen = tl.atomic_add(box_ptr + 1, 0, sem="acquire", scope="gpu")
+    """Spin until ``box.tag == tag`` (acquire), ``spin_limit`` polls at most; else post ticket+1
+    to the error word and push the ticket counter past every task (no program starts another)."""
+    got = tl.atomic_add(box_ptr + 1, 0, sem="acquire", scope="gpu")
     polls = 0
-    while (seen != tag) & (polls < spin_limit):
-        seen = tl.atomic_add(box_ptr + 1, 0, sem="acquire", scope="gpu")
+    while (got != tag) & (polls < spin_limit):
+        got = tl.atomic_add(box_ptr + 1, 0, sem="acquire", scope="gpu")
         polls += 1
-    ok = seen == tag
-    if seen != tag:
+    ok = got == tag
+    if got != tag:
         tl.atomic_cas(ctl_ptr + CTL_ERROR_, 0, ticket + 1, sem="relaxed", scope="gpu")
+        tl.atomic_add(ctl_ptr + CTL_TICKET_, STOP_TICKETS, sem="relaxed", scope="gpu")
     tl.debug_barrier()
     return ok
 
@@ -201,11 +206,13 @@ def _block_dots(wf, a, w_scale):
 def _gemv(
     a_ptr, as_ptr, a_stride, S,
     w_ptr, ws_ptr, w_stride, ws_stride,
-    box_ptr, tag, spin_limit, ctl_ptr, ticket,
+    box_ptr, seen, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr,
 ):
-    """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``.
+    """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``,
+    unless its address is ``seen``: the mailbox this program's previous GEMV task waited on
+    stays full for the rest of the launch, and that wait's acquire already ordered this program.
 
     The first two weight blocks are loaded before the wait; each later one is
     loaded two blocks ahead of its multiply, so weights stream through the wait
@@ -215,9 +222,9 @@ def _gemv(
     rows), or with ``CORES`` on CUDA cores (TB is then the next power of two >= S,
     ``plan.gemv_on_cores``): each MX block's 32 products with a token row's
     dequantized values summed in fp32, times the weight's scale, the blocks summed
-    in fp32. With one token its activation block is loaded one block ahead and the
-    products (exact in fp32: e4m3 times e4m3 times powers of two) are added lane by
-    lane across the K blocks, then summed once: no cross-thread reduction in the loop.
+    in fp32. With one token its activation block is loaded one block ahead, and each MX
+    block's sum is added to its own lane across the K blocks; the lanes are summed once,
+    after the loop (no reduction across warps in the loop).
     """
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
@@ -225,7 +232,9 @@ def _gemv(
     live = (tok < S)[:, None]
     w0, ws0 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, 0, K, ROWS, BK)
     w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, BK, K, ROWS, BK)
-    ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
+    ok = ticket >= 0
+    if box_ptr.to(tl.int64) != seen:
+        ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
     acc = tl.zeros((TB, ROWS), tl.float32)
     if CORES:
         BLOCKS: tl.constexpr = BK // MX
@@ -445,8 +454,8 @@ def _combine(
 
 @triton.jit
 def _wqkv_task(
-    t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, tag, spin_limit, ctl_ptr,
-    HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
+    t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag, spin_limit,
+    ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
     EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
@@ -457,7 +466,7 @@ def _wqkv_task(
     acc, ok = _gemv(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
-        HIDDEN, HIDDEN // MX, xrdy_ptr, tag, spin_limit, ctl_ptr, t,
+        HIDDEN, HIDDEN // MX, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
         WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
@@ -465,13 +474,13 @@ def _wqkv_task(
     tl.store(qkvp_ptr + (half * cap + tok[:, None]) * QKV_ROWS + row0 + r[None, :], acc,
              mask=(tok < S)[:, None])
     _arrive(xrdy_ptr + 2, 2 * TILES, tag, ok)
-    return ok
+    return ok, xrdy_ptr.to(tl.int64)
 
 
 @triton.jit
 def _wqb_task(
     t, i, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
-    S, tag, spin_limit, ctl_ptr,
+    S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
     BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
@@ -480,7 +489,7 @@ def _wqb_task(
     acc, ok = _gemv(
         qx8_ptr, qx8s_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
-        Q_RANK, Q_RANK // MX, qrdy_ptr, tag, spin_limit, ctl_ptr, t,
+        Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
         WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
@@ -497,13 +506,13 @@ def _wqb_task(
     tile = (i % HEADS) // HEAD_TILE_
     tile_heads = tl.minimum(HEADS - tile * HEAD_TILE_, HEAD_TILE_)
     _arrive(qrdy_ptr + 2 * (1 + tile), HEAD_DIM // Q_CHUNK_ * tile_heads, tag, ok)
-    return ok
+    return ok, qrdy_ptr.to(tl.int64)
 
 
 @triton.jit
 def _woa_task(
     t, i, xo_ptr, xos_ptr, crdy_ptr, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
-    w_ptr, ws_ptr, S, cap, tag, spin_limit, ctl_ptr,
+    w_ptr, ws_ptr, S, cap, seen, tag, spin_limit, ctl_ptr,
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
     PARTS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr,
@@ -516,11 +525,12 @@ def _woa_task(
     row0 = block * WOA_ROWS
     group = row0 // O_RANK
     col0 = group * GROUP_K + part * KP
+    box = crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_)
     acc, ok = _gemv(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K + part * KP, ws_ptr + row0 * (GROUP_K // MX) + part * (KP // MX),
-        GROUP_K, GROUP_K // MX, crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_), tag,
-        spin_limit, ctl_ptr, t, WOA_ROWS, KP, TB, BK, EXACT, CORES,
+        GROUP_K, GROUP_K // MX, box, seen, tag, spin_limit, ctl_ptr, t,
+        WOA_ROWS, KP, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
@@ -543,12 +553,12 @@ def _woa_task(
         tl.store(x8bs_ptr + tok[:, None] * (O_ROWS // MX) + block + tl.arange(0, 1)[None, :],
                  codes.to(tl.uint8), mask=live)
         _arrive(ardy_ptr, O_ROWS // WOA_ROWS, tag, final)
-    return ok
+    return ok, box.to(tl.int64)
 
 
 @triton.jit
 def _wob_task(
-    t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, tag, spin_limit, ctl_ptr,
+    t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
     EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
@@ -556,14 +566,14 @@ def _wob_task(
     acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
-        ardy_ptr, tag, spin_limit, ctl_ptr, t,
+        ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
         WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOB_ROWS)
     tl.store(y_ptr + tok[:, None] * HIDDEN + i * WOB_ROWS + r[None, :],
              bf16_round_tl(acc).to(tl.bfloat16), mask=(tok < S)[:, None])
-    return ok
+    return ok, ardy_ptr.to(tl.int64)
 
 
 # -- the kernel ----------------------------------------------------------------------
@@ -608,6 +618,7 @@ def mono_kernel(
     tag = tl.atomic_add(ctl_ptr + CTL_EPOCH_, 0, sem="acquire", scope="gpu")
     t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
     ok = t >= 0
+    seen = ctl_ptr.to(tl.int64)  # address of the mailbox this program's last GEMV task waited on
     while (t < end_wob) & ok:
         if TRACE:
             started = globaltimer_tl(t)
@@ -615,9 +626,9 @@ def mono_kernel(
             _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
             _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
         elif t < end_wqkv:
-            ok = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
-                            wqkv_s_ptr, S, cap, tag, spin_limit, ctl_ptr, HIDDEN, QKV_ROWS, TB,
-                            BK_X, EXACT, GEMV_CORES)
+            ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
+                                  wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
+                                  QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -626,9 +637,10 @@ def mono_kernel(
                       Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
             _arrive(qrdy_ptr, S, tag, ok)
         elif t < end_wqb:
-            ok = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr,
-                           pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, spin_limit, ctl_ptr,
-                           Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT, GEMV_CORES)
+            ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr,
+                                 wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, seen, tag,
+                                 spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT,
+                                 GEMV_CORES)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -651,23 +663,22 @@ def mono_kernel(
                          CHUNKS, GROUP_K, NOPE)
             _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
         elif t < end_woa:
-            ok = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr, wrdy_ptr,
-                           x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr, S, cap, tag,
-                           spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K, O_ROWS, WOA_PARTS, TB,
-                           BK_GK, EXACT, GEMV_CORES)
+            ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
+                                 wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr,
+                                 S, cap, seen, tag, spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K,
+                                 O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES)
         else:
-            ok = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr, wob_s_ptr,
-                           S, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT,
-                           GEMV_CORES)
+            ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
+                                 wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB,
+                                 BK_OR, EXACT, GEMV_CORES)
         if TRACE:
             row = trace_ptr + 3 * t.to(tl.int64)
             tl.store(row, started)
             tl.store(row + 1, globaltimer_tl(t))
             tl.store(row + 2, tl.program_id(0).to(tl.int64))
         if ok:
-            # An atomic, not a volatile load: one thread reads and the CTA shares the value, so
-            # every thread leaves the loop together (a per-thread read could split the CTA).
-            ok = tl.atomic_add(ctl_ptr + CTL_ERROR_, 0, sem="relaxed", scope="gpu") == 0
+            # An atomic: one thread takes the ticket and the CTA shares it, so every thread
+            # leaves the loop together. A timed-out wait pushed the counter past every task.
             t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
     # The last program out resets the ticket and advances the epoch for the next step.
     done = tl.atomic_add(ctl_ptr + CTL_FINISHED_, 1, sem="acq_rel", scope="gpu")
