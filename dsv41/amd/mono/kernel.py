@@ -332,16 +332,16 @@ def _norm(
 
 @triton.jit
 def _keys(
-    key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS: tl.constexpr,
+    key_ptr, s, k0, end, win_ptr, comp_ptr, win_slots, comp_slots, KEYS: tl.constexpr,
     KS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
 ):
     """Token s's keys ``k0 .. k0 + KS`` through the key table: ``(bf16 [KS, 512], valid [KS])``.
 
     A key is bf16-exact (e4m3 times a power of two, or bf16), so bf16 holds it in half the
-    registers; entries past ``KEYS`` are not valid.
+    registers; entries at or past ``end`` (<= KEYS) are not valid, and nothing of them is read.
     """
     e = k0 + tl.arange(0, KS)
-    entries = tl.load(key_ptr + s * KEYS + e, mask=e < KEYS, other=-1)
+    entries = tl.load(key_ptr + s * KEYS + e, mask=e < end, other=-1)
     is_comp, slot, valid = decode_entries_tl(entries, win_slots, comp_slots)
     keys = load_keys_tl(win_ptr, slot, valid & ~is_comp, WIN_BLOCK, FMT_DS_MLA, KS)
     keys = keys.to(tl.bfloat16)
@@ -363,10 +363,11 @@ def _attn(
     ``pstat = (max, sum p)``.
 
     The chunk runs in slices of KEY_SLICE keys with an online softmax (fewer registers than
-    the whole chunk); the first slice's records are loaded before the wait on q.
+    the whole chunk); the first slice's records are loaded before the wait on q. (Loading
+    each next slice ahead of the current one's products spilled 450 B on SM90.)
     """
     k0 = chunk * KC
-    keys, valid = _keys(key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,
+    keys, valid = _keys(key_ptr, s, k0, k0 + KC, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,
                         KEY_SLICE_, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
     h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
     hm = h < HEADS
@@ -389,8 +390,9 @@ def _attn(
         total = total * alpha + tl.sum(prob, axis=1)
         top = new_top
         if k + KEY_SLICE_ < k0 + KC:
-            keys, valid = _keys(key_ptr, s, k + KEY_SLICE_, win_ptr, comp_ptr, win_slots,
-                                comp_slots, KEYS, KEY_SLICE_, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
+            keys, valid = _keys(key_ptr, s, k + KEY_SLICE_, k0 + KC, win_ptr, comp_ptr,
+                                win_slots, comp_slots, KEYS, KEY_SLICE_, WIN_BLOCK, COMP_BLOCK,
+                                HAS_COMP)
     o = o / tl.where(total > 0, total, 1.0)[:, None]
     row = (s * CHUNKS + chunk) * HEADS_P + h
     tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=hm[:, None])
@@ -403,33 +405,40 @@ def _attn(
 def _combine(
     s, tile, part, part_ptr, pstat_ptr, sink_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr,
     xos_ptr, HEADS: tl.constexpr, HEADS_P: tl.constexpr, CHUNKS: tl.constexpr,
-    GROUP_K: tl.constexpr, NOPE: tl.constexpr,
+    CHUNKS_P: tl.constexpr, GROUP_K: tl.constexpr, NOPE: tl.constexpr,
 ):
     """Dims ``part * DIMS ..`` of token s's 16 heads: merge the chunks, sink gate, inverse RoPE,
-    bf16, MXFP8 -> xo (fused O layout)."""
+    bf16, MXFP8 -> xo (fused O layout).
+
+    Every chunk's (max, sum) comes in one load (``CHUNKS_P``: CHUNKS padded to a power of
+    two); each chunk's partial is loaded one chunk ahead of its products.
+    """
     DIMS: tl.constexpr = HEAD_DIM // COMBINE_PARTS_
     h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
     hm = h < HEADS
     d0 = part * DIMS
     d = d0 + tl.arange(0, DIMS)
-    top = tl.full((HEAD_TILE_,), float("-inf"), tl.float32)
-    for j in range(CHUNKS):
-        row = (s * CHUNKS + j) * HEADS_P + h
-        top = tl.maximum(top, tl.load(pstat_ptr + row * 2, mask=hm, other=float("-inf"),
-                                      cache_modifier=".cg"))
+    j = tl.arange(0, CHUNKS_P)
+    rows = (s * CHUNKS + j)[:, None] * HEADS_P + h[None, :]  # [CHUNKS_P, HEAD_TILE]
+    live = (j < CHUNKS)[:, None] & hm[None, :]
+    m_all = tl.load(pstat_ptr + rows * 2, mask=live, other=float("-inf"), cache_modifier=".cg")
+    l_all = tl.load(pstat_ptr + rows * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+    top = tl.max(m_all, axis=0)
     has_key = top > float("-inf")
     top = tl.where(has_key, top, 0.0)
-    norm = tl.zeros((HEAD_TILE_,), tl.float32)
+    w_all = tl.where(m_all > float("-inf"), l_all * tl.exp(m_all - top[None, :]), 0.0)
+    norm = tl.sum(w_all, axis=0)
     o = tl.zeros((HEAD_TILE_, DIMS), tl.float32)
-    for j in range(CHUNKS):
-        row = (s * CHUNKS + j) * HEADS_P + h
-        m_j = tl.load(pstat_ptr + row * 2, mask=hm, other=float("-inf"), cache_modifier=".cg")
-        l_j = tl.load(pstat_ptr + row * 2 + 1, mask=hm, other=0.0, cache_modifier=".cg")
-        w_j = tl.where(m_j > float("-inf"), l_j * tl.exp(m_j - top), 0.0)
-        o_j = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None], other=0.0,
-                      cache_modifier=".cg")
-        norm += w_j
-        o += w_j[:, None] * o_j
+    row = s * CHUNKS * HEADS_P + h
+    o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None], other=0.0,
+                     cache_modifier=".cg")
+    for c in range(CHUNKS):
+        o_c = o_next
+        row += HEADS_P
+        o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                         mask=hm[:, None] & (c + 1 < CHUNKS), other=0.0, cache_modifier=".cg")
+        w_c = tl.sum(tl.where(j[:, None] == c, w_all, 0.0), axis=0)
+        o += w_c[:, None] * o_c
     o = o / tl.where(has_key, norm, 1.0)[:, None]
     lse = top + tl.log(tl.where(has_key, norm, 1.0))
     sink = tl.load(sink_ptr + h, mask=hm, other=0.0)
@@ -601,8 +610,7 @@ def mono_kernel(
     HIDDEN: tl.constexpr, Q_RANK: tl.constexpr, Q_RANK_P: tl.constexpr, QKV_ROWS: tl.constexpr,
     NOPE: tl.constexpr, HEADS: tl.constexpr, HEAD_TILES: tl.constexpr, O_RANK: tl.constexpr,
     GROUP_K: tl.constexpr, O_ROWS: tl.constexpr, WOA_PARTS: tl.constexpr, KEYS: tl.constexpr,
-    KC: tl.constexpr,
-    CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
+    KC: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
@@ -660,7 +668,7 @@ def mono_kernel(
             if ok:
                 _combine(st // HEAD_TILES, tile, i % COMBINE_PARTS_, part_ptr, pstat_ptr, sink_ptr,
                          pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr, xos_ptr, HEADS, HEADS_P,
-                         CHUNKS, GROUP_K, NOPE)
+                         CHUNKS, CHUNKS_P, GROUP_K, NOPE)
             _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
         elif t < end_woa:
             ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
