@@ -18,17 +18,20 @@ TINY = load_model_config("tiny")
 
 @pytest.fixture(scope="session")
 def tiny_layer():
-    """``tiny_layer(tp, layer_id, hidden=256)``: the last rank's random weights of the tiny
-    model (``hidden`` widened to make x span several xq / GEMV blocks), built once a session."""
-    layers: dict[tuple[int, int, int], LayerWeights] = {}
+    """``tiny_layer(tp, layer_id, hidden=256, q_rank=128)``: the last rank's random weights of
+    the tiny model (``hidden`` widened to make x span several xq / GEMV blocks, ``q_rank`` off a
+    power of two to end wq_b's K in a partial block), built once a session."""
+    layers: dict[tuple[int, int, int, int], LayerWeights] = {}
 
-    def get(tp: int, layer_id: int, hidden: int = TINY.hidden) -> LayerWeights:
-        if (tp, layer_id, hidden) not in layers:
-            model = dataclasses.replace(TINY, hidden=hidden)
+    def get(tp: int, layer_id: int, hidden: int = TINY.hidden,
+            q_rank: int = TINY.q_rank) -> LayerWeights:
+        key = (tp, layer_id, hidden, q_rank)
+        if key not in layers:
+            model = dataclasses.replace(TINY, hidden=hidden, q_rank=q_rank)
             lw = LayerWeights(Dims.of(model, tp), tp - 1, layer_id)
             lw.dummy_load(seed=100 + 10 * tp + layer_id)
-            layers[tp, layer_id, hidden] = lw
-        return layers[tp, layer_id, hidden]
+            layers[key] = lw
+        return layers[key]
 
     return get
 

@@ -70,6 +70,20 @@ def test_kernel_matches_executor_and_reference(
     assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
 
 
+@pytest.mark.parametrize("tokens, cores", [(1, True), (5, False)])
+def test_partial_last_k_block(tokens: int, cores: bool, tiny_layer, run_mono, run_reference,
+                              monkeypatch) -> None:
+    """q_rank 160: wq_b's K runs in one block of 256 whose last 96 columns are masked (at the
+    flash geometry 1280 runs in 512, 512, 256), on CUDA cores and on tensor cores."""
+    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
+    lw = tiny_layer(4, 1, q_rank=160)
+    sc = make_scenario(lw.dims, 1, tokens, seed=11)
+    runner = MonoRunner(lw, tokens)
+    assert runner.plan.tiling["BK_QR"] == 256
+    got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
+    assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+
+
 def test_task_trace_needs_a_gpu_and_its_shape(tiny_layer) -> None:
     """The task trace reads the NVIDIA global timer: refused in the interpreter, by name."""
     lw = tiny_layer(4, 2)

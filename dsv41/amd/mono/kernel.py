@@ -177,22 +177,26 @@ def _rope(
 @triton.jit
 def _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0, K: tl.constexpr, ROWS: tl.constexpr,
                   BK: tl.constexpr):
-    """Weight block ``w[:ROWS, k0 : k0 + BK]`` (e4m3) and its codes; nothing is read past K."""
+    """Weight block ``w[:ROWS, k0 : k0 + BK]`` (e4m3) and its codes; nothing is read past K
+    (the columns there are 0)."""
     r = tl.arange(0, ROWS)
-    live = k0 < K
-    w = tl.load(w_ptr + r[:, None] * w_stride + k0 + tl.arange(0, BK)[None, :], mask=live,
-                other=0.0, eviction_policy="evict_first")
-    ws = tl.load(ws_ptr + r[:, None] * ws_stride + k0 // MX + tl.arange(0, BK // MX)[None, :],
-                 mask=live, other=0, eviction_policy="evict_first")
+    k = k0 + tl.arange(0, BK)
+    kc = k0 // MX + tl.arange(0, BK // MX)
+    w = tl.load(w_ptr + r[:, None] * w_stride + k[None, :], mask=(k < K)[None, :], other=0.0,
+                eviction_policy="evict_first")
+    ws = tl.load(ws_ptr + r[:, None] * ws_stride + kc[None, :], mask=(kc < K // MX)[None, :],
+                 other=0, eviction_policy="evict_first")
     return w, ws
 
 
 @triton.jit
 def _act_block(a_ptr, as_ptr, a_at, as_at, k0, K: tl.constexpr, BK: tl.constexpr):
     """One token row's MXFP8 activation block ``a[k0 : k0 + BK]`` as ``[BK / 32, 32]`` values
-    and ``[BK / 32]`` codes (``.cg``: written in this launch); nothing past K is read."""
-    a8 = tl.load(a_ptr + k0 + a_at, mask=k0 < K, other=0.0, cache_modifier=".cg")
-    a_s = tl.load(as_ptr + k0 // MX + as_at, mask=k0 < K, other=0, cache_modifier=".cg")
+    and ``[BK / 32]`` codes (``.cg``: written in this launch); nothing past K is read. ``a_at``
+    and ``as_at`` are the block's element and code offsets (``as_at`` = its MX block index)."""
+    a8 = tl.load(a_ptr + k0 + a_at, mask=k0 + a_at < K, other=0.0, cache_modifier=".cg")
+    a_s = tl.load(as_ptr + k0 // MX + as_at, mask=k0 // MX + as_at < K // MX, other=0,
+                  cache_modifier=".cg")
     return a8, a_s
 
 
@@ -261,10 +265,10 @@ def _gemv(
             acc += tl.sum(lanes, axis=1)[None, :]
         return acc, ok
     for k0 in range(0, K, BK):
-        a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :], mask=live, other=0.0,
-                    cache_modifier=".cg")
-        a_s = tl.load(as_ptr + tok[:, None] * (a_stride // MX) + k0 // MX + kb[None, :], mask=live,
-                      other=0, cache_modifier=".cg")
+        a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :],
+                    mask=live & (k0 + k < K)[None, :], other=0.0, cache_modifier=".cg")
+        a_s = tl.load(as_ptr + tok[:, None] * (a_stride // MX) + k0 // MX + kb[None, :],
+                      mask=live & (kb + k0 // MX < K // MX)[None, :], other=0, cache_modifier=".cg")
         w_deq = mx_dequantize_tl(w0, ws0.to(tl.int32), ROWS, BK)
         w0, ws0 = w1, ws1
         w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 2 * BK, K, ROWS, BK)

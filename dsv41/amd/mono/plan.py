@@ -145,6 +145,13 @@ def k_block(k: int, tokens: int) -> int:
     return min(gemv_block(tokens), k & -k)
 
 
+def tail_k_block(k: int, tokens: int) -> int:
+    """The K block of a GEMV whose last block may be partial (the kernel masks it):
+    ``gemv_block(tokens)``, at most the power of two >= k. wq_b's 1280 columns run in
+    blocks of 512, 512 and 256 instead of five blocks of 256."""
+    return min(gemv_block(tokens), 1 << (k - 1).bit_length())
+
+
 def _round_up(n: int, align: int) -> int:
     return -(-n // align) * align
 
@@ -267,7 +274,7 @@ class Plan:
         m, d = self.dims.model, self.dims
         return {
             "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
-            "BK_QR": k_block(m.q_rank, self.tokens),
+            "BK_QR": tail_k_block(m.q_rank, self.tokens),
             "BK_GK": k_block(d.group_k // self.woa_parts, self.tokens),
             "BK_OR": k_block(d.o_rows, self.tokens),
             "GEMV_CORES": gemv_on_cores(self.tokens),
