@@ -2,7 +2,10 @@
 
 1. ``mx_gemm`` (A_CAST): ``qkv = mxfp8(x) @ Wqkv^T``, the cast of x in the prologue;
 2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;
-3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are);
+3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are).
+   In the CUDA-core token buckets (M = 1) wq_b normalises qr in its own prologue (A_NORM)
+   and launch 2 runs beside it on a side stream, joined before attention, so the norm
+   kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain above);
 4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
    ``xo`` in the fused O layout;
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
@@ -17,6 +20,7 @@ while a graph may use it.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -26,7 +30,15 @@ from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
-from dsv41.nvidia.ops.mx_gemm import Scratch, bucket_for, mx_gemm, scratch_for, sm_count
+from dsv41.nvidia.ops.mx_gemm import (
+    NormInput,
+    Scratch,
+    bucket_for,
+    gemm_config,
+    mx_gemm,
+    scratch_for,
+    sm_count,
+)
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
 
 STEP_SEAMS = ("qkv", "kv", "q", "xo", "lse", "z", "z8", "y")
@@ -84,6 +96,18 @@ class StepBuffers:
         return StepBuffers(**{f.name: head(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
+    """Whether the step of ``m`` tokens normalises qr in wq_b's prologue: its wq_b runs the
+    CUDA-core loop, and ``DSV41_NORM_IN_WQB`` is not 0."""
+    if os.environ.get("DSV41_NORM_IN_WQB", "1") == "0":
+        return False
+    n, k, _, _ = gemm_shapes(layer.dims)["wq_b"]
+    return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
+
+
 def launch_step(
     layer: LayerWeights,
     x: torch.Tensor,
@@ -99,21 +123,29 @@ def launch_step(
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
     mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
-    norm_rope_insert(
-        out.qkv,
-        layer.q_norm,
-        layer.kv_norm,
-        positions,
-        slot_mapping,
-        window_cache,
-        cos,
-        sin,
-        eps=model.eps,
-        nope=model.nope_dim,
-        kv=out.kv,
-        qr8=out.qr8,
-    )
-    mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
+
+    def norm() -> None:
+        norm_rope_insert(
+            out.qkv, layer.q_norm, layer.kv_norm, positions, slot_mapping, window_cache, cos, sin,
+            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=out.qr8,
+        )  # fmt: skip
+
+    if norm_in_wq_b(layer, x.shape[0], x.device):
+        main = torch.cuda.current_stream() if x.is_cuda else None
+        side = _SIDE_STREAMS.setdefault(x.device, torch.cuda.Stream(x.device)) if main else None
+        if side is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                norm()
+        else:
+            norm()
+        qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
+        mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
+        if side is not None:
+            main.wait_stream(side)  # attention reads the inserted records
+    else:
+        norm()
+        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
     # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
     splits, _ = attention_splits(
         bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)

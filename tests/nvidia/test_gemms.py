@@ -33,6 +33,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
     GemmConfig,
+    NormInput,
     Scratch,
     bucket_for,
     gemm_config,
@@ -157,6 +158,31 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m):
     if z8 is not None:
         assert_mx_close(z8, mxfp8_quantize(got))
     assert not scratch.tickets.any()
+
+
+def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
+    """wq_b on the Wqkv output (A_NORM; 3 tokens in a 4-row bucket): the same product as wq_b
+    on norm_rope_insert's qr8, bit for bit, and within a bf16 step of the reference."""
+    model, m = layer.dims.model, 3
+    qkv = (3 * x_of(m, model.qkv_rows, 83).float()).bfloat16()
+    cache = PagedKVCache(4, model.window_block, "fp8_ds_mla")
+    cos, sin = rope_tables(model, layer.layer_id)
+    qr8 = (torch.empty(m, model.q_rank, dtype=E4M3),
+           torch.empty(m, model.q_rank // 32, dtype=torch.uint8))  # fmt: skip
+    norm_rope_insert(qkv, layer.q_norm, layer.kv_norm, torch.arange(m), torch.arange(m), cache,
+                     cos, sin, eps=model.eps, nope=model.nope_dim,
+                     kv=torch.empty(m, model.kv_dim, dtype=torch.bfloat16), qr8=qr8)  # fmt: skip
+    k = model.q_rank
+    cfg = GemmConfig(block_m=4, block_n=32, block_k=k // 2, split_k=2, gemv=True)
+    got = mx_gemm(NormInput(qkv[:, :k], layer.q_norm, model.eps), layer.wq_b, layer.wq_b_scale,
+                  scratch=Scratch(), config=cfg)  # fmt: skip
+    assert torch.equal(got, mx_gemm(qr8, layer.wq_b, layer.wq_b_scale, config=cfg))
+    want = mx_linear(mxfp8_quantize(rmsnorm(qkv[:, :k], layer.q_norm, model.eps)), layer.wq_b,
+                     layer.wq_b_scale)  # fmt: skip
+    assert_bf16_close(got, want, exact=0.9)
+    with pytest.raises(ValueError, match="a: the RMSNorm prologue runs on the CUDA-core loop"):
+        mx_gemm(NormInput(qkv[:, :k], layer.q_norm, model.eps), layer.wq_b, layer.wq_b_scale,
+                config=GemmConfig(block_m=16, block_n=32, block_k=k, split_k=1))  # fmt: skip
 
 
 def test_small_buckets_take_the_cuda_core_loop(monkeypatch):
@@ -287,7 +313,8 @@ from triton.compiler import ASTSource
 from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
-          "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv"}
+          "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
+          "K_PAD": 2048}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",

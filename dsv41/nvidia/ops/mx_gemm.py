@@ -11,7 +11,10 @@ prologues (``A_MODE``):
 - ``A_CAST``: bf16 ``[M, K]`` cast to MXFP8 in the prologue (x for Wqkv);
 - ``A_O``: a bf16 standard-layout attention output ``o [M, heads, 512]`` read
   through the fused O layout of ``wo_a``'s columns, inverse-RoPE'd at the
-  token's position, rounded to bf16 and cast to MXFP8 (the fused WO-A kernel).
+  token's position, rounded to bf16 and cast to MXFP8 (the fused WO-A kernel);
+- ``A_NORM`` (CUDA-core loop only): bf16 ``qr [M, K]``, RMS-normalised over its
+  K columns, times the norm weight, rounded to bf16 and cast to MXFP8: wq_b's
+  activation straight from the Wqkv output, as ``norm_rope_insert`` makes it.
 
 Grouped GEMMs (``wo_a``) give each group of ``N_PER_GROUP`` output rows its
 own ``K`` columns of ``a``: ``out[:, g * Ng + n] = a[:, g * K : (g + 1) * K] @
@@ -45,12 +48,14 @@ from dsv41.common.mx import (
     mx_dequantize_tl,
     mx_quantize_tl,
 )
+from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
 A_O = tl.constexpr(2)  # a is a standard-layout bf16 o: inverse RoPE + fused O columns + cast
+A_NORM = tl.constexpr(3)  # a is bf16 qr: RMSNorm * weight, bf16, cast (the CUDA-core loop)
 _MX = tl.constexpr(MX_BLOCK)  # 32
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
@@ -143,6 +148,8 @@ def mx_gemm_kernel(
     pos_ptr,
     cos_ptr,
     sin_ptr,
+    norm_ptr,
+    eps,
     M,
     stride_am,
     stride_acm,
@@ -160,6 +167,7 @@ def mx_gemm_kernel(
     HEAD_DIM: tl.constexpr,
     NOPE: tl.constexpr,
     HALF_ROPE: tl.constexpr,
+    K_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -204,12 +212,19 @@ def mx_gemm_kernel(
                 a8 = tl.load(a_ptr + row * stride_am + group * K + col)
                 ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
                 a = a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
-            else:  # A_CAST: this row's slice of x, one MX block a row of the [blocks, 32] tile
+            elif A_MODE == A_CAST:  # this row's slice of x, one MX block a row of the tile
                 x = tl.load(a_ptr + row * stride_am + col)
                 a = _mx_round(x.to(tl.float32), BLOCKS, _MX)
+            else:  # A_NORM: the RMS factor of the whole row, then this row's slice
+                kq = tl.arange(0, K_PAD)
+                q = tl.load(a_ptr + row * stride_am + kq, mask=kq < K, other=0.0).to(tl.float32)
+                x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
+                g = tl.load(norm_ptr + col).to(tl.float32)
+                a = _mx_round(bf16_round_tl(x * rms_factor_tl(q, K, eps) * g), BLOCKS, _MX)
             dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
             acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
     else:
+        tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
         for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
             k = k0 + kk
@@ -424,8 +439,17 @@ class OInput:
     heads_per_group: int  # 8
 
 
+@dataclasses.dataclass(frozen=True)
+class NormInput:
+    """A bf16 activation normalised in the ``A_NORM`` prologue: ``bf16(rmsnorm(qr) * weight)``."""
+
+    qr: torch.Tensor  # bf16 [M, K] (a view of the Wqkv output: its first q_rank columns)
+    weight: torch.Tensor  # bf16 [K]
+    eps: float
+
+
 def mx_gemm(
-    a: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | OInput,
+    a: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | OInput | NormInput,
     w: torch.Tensor,
     w_scale: torch.Tensor,
     *,
@@ -438,7 +462,8 @@ def mx_gemm(
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
     ``a``: bf16 ``[M, G K]`` (cast in the prologue), ``(values e4m3 [M, G K],
-    codes uint8 [M, G K / 32])``, or an ``OInput`` (fused WO-A); ``G = N /
+    codes uint8 [M, G K / 32])``, an ``OInput`` (fused WO-A) or a ``NormInput``
+    (the RMSNorm prologue, CUDA-core token buckets only); ``G = N /
     n_per_group`` groups (1 unless grouped). ``w`` e4m3 ``[N, K]``, ``w_scale``
     uint8 ``[N, K / 32]``. ``out8 = (values e4m3 [M, N], codes uint8 [M, N /
     32])``, when given, receives the MXFP8 cast of the bf16 out.
@@ -451,7 +476,8 @@ def mx_gemm(
         raise ValueError(f"n_per_group: expected a divisor of N = {n}, got {n_per_group}")
     groups = n // n_per_group
     dev = w.device
-    cos = sin = pos = None
+    cos = sin = pos = norm = None
+    eps = 0.0
     geo = {"G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1}
     if isinstance(a, OInput):
         m = a.o.shape[0]
@@ -464,6 +490,14 @@ def mx_gemm(
         mode, a_val, a_codes, stride_am, stride_acm = A_O, a.o, a.o, a.o.stride(0), 0
         pos, cos, sin = a.positions, a.cos, a.sin
         geo = {"G": a.heads_per_group, "HEAD_DIM": hd, "NOPE": a.nope, "HALF_ROPE": a.cos.shape[1]}
+    elif isinstance(a, NormInput):
+        m = a.qr.shape[0]
+        _check("qr", a.qr, torch.bfloat16, (m, k))
+        _check("weight", a.weight, torch.bfloat16, (k,))
+        if groups != 1:
+            raise ValueError(f"qr: a normalised activation feeds one group, got {groups} groups")
+        mode, a_val, a_codes, stride_am, stride_acm = A_NORM, a.qr, a.qr, a.qr.stride(0), 0
+        norm, eps = a.weight, a.eps
     elif isinstance(a, tuple):
         a_val, a_codes = a
         m = a_val.shape[0]
@@ -488,6 +522,11 @@ def mx_gemm(
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
         gemv_ok=mode != A_O,
     )  # fmt: skip
+    if mode == A_NORM and not cfg.gemv:
+        raise ValueError(
+            f"a: the RMSNorm prologue runs on the CUDA-core loop (token buckets up to "
+            f"{gemv_max_m()}), got {m} tokens and {cfg}"
+        )
     if (
         n_per_group % cfg.block_n
         or k % (cfg.block_k * cfg.split_k)
@@ -520,6 +559,8 @@ def mx_gemm(
         pos if pos is not None else out,
         cos if cos is not None else out,
         sin if sin is not None else out,
+        norm if norm is not None else out,
+        eps,
         m,
         stride_am,
         stride_acm,
@@ -533,6 +574,7 @@ def mx_gemm(
         QUANT_OUT=quant,
         DOT_BF16=not interpreting(),
         GEMV=cfg.gemv,
+        K_PAD=triton.next_power_of_2(k),
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
