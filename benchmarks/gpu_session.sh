@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|trace|ncu|all]
-# ab: the open A/B (mono: CUDA-core GEMV at 8 tokens, K block 1024, 32-key chunks) and mono's GPU tests.
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|trace|ncu|all]
+# ab: the open A/B (each of session 5's switches off) with the tables; steps: both step tests.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -51,14 +51,22 @@ if [ "$what" = ncu ]; then
   done
 fi
 if [ "$what" = ab ]; then
-  # Session 5's A/B: mono's CUDA-core GEMV (default up to 4 tokens) at 8 tokens, its K block
-  # 1024, 32-key attention chunks; the stage trace at M = 1; the mono GPU tests.
-  b() { timeout 150 python3 -m dsv41.cli bench --backend mono --config dsv41-flash --tp 4 \
-    --reference-repeats 1 "$@" 2>&1 | grep -E "^mono "; }
-  b --tokens 1,2,4,8,16 | sed "s/^/default: /"
-  DSV41_MONO_GEMV_CORES=8 b --tokens 8 | sed "s/^/cores <= 8: /"
-  DSV41_MONO_GEMV_BLOCK=1024 b --tokens 1 | sed "s/^/K block 1024: /"
-  DSV41_MONO_KEY_CHUNK=32 b --tokens 1,4 | sed "s/^/key chunk 32: /"
+  # Session 5's A/B, each switch off against the defaults, and the tables for BENCHMARKS.md:
+  # nvidia's one-wave GEMV registers, wq_b's RMSNorm prologue, PDL; mono's wo_a K parts.
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
+    | sed "s/^/tp 4: /"
+  b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
+  DSV41_GEMV_ONE_WAVE=0 b --backend nvidia --tp 4 --tokens 1 | sed "s/^/one wave off: /"
+  DSV41_NORM_IN_WQB=0 b --backend nvidia --tp 4 --tokens 1 | sed "s/^/norm in wq_b off: /"
+  DSV41_PDL=1 b --backend nvidia --tp 4 --tokens 1,16 | sed "s/^/PDL on: /"
+  DSV41_MONO_WOA_PARTS=1 b --backend mono --tp 4 --tokens 1,16,48 | sed "s/^/woa parts 1: /"
   timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
-  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tail -4
+fi
+if [ "$what" = steps ]; then
+  # The step tests of both backends (the kernels session 5 changed) and parity.
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
+  python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 1 2>&1 | tail -3
 fi

@@ -131,8 +131,12 @@ def launch_step(
         )  # fmt: skip
 
     if norm_in_wq_b(layer, x.shape[0], x.device):
-        main = torch.cuda.current_stream() if x.is_cuda else None
-        side = _SIDE_STREAMS.setdefault(x.device, torch.cuda.Stream(x.device)) if main else None
+        main = side = None
+        if x.is_cuda:
+            main = torch.cuda.current_stream()
+            if x.device not in _SIDE_STREAMS:
+                _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+            side = _SIDE_STREAMS[x.device]
         if side is not None:
             side.wait_stream(main)
             with torch.cuda.stream(side):
