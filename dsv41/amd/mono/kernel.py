@@ -16,9 +16,9 @@ launch is read with ``.cg`` loads, and only after every producer of each
 128-B line it touches is done: a GEMV's 4-byte code loads may become
 ``cp.async.ca`` copies that fill L1 anyway (plan.py, "Cache lines").
 
-A GEMV task loads its first two weight blocks before it waits on its
-activations and keeps loading two blocks ahead of its multiplies, so weight
-streaming overlaps the hand-off latency. MXFP8 operands are dequantized exactly
+A GEMV task loads its first two weight blocks (three on CUDA cores) before
+it waits on its activations and keeps loading that many blocks ahead of its
+multiplies, so weight streaming overlaps the hand-off latency. MXFP8 operands are dequantized exactly
 (e4m3 times a power of two fits bf16) and multiplied on bf16 tensor cores with
 fp32 accumulation; with ``EXACT`` (the interpreter, whose bf16 ``tl.dot`` is
 broken) in fp32.
@@ -218,9 +218,9 @@ def _gemv(
     unless its address is ``seen``: the mailbox this program's previous GEMV task waited on
     stays full for the rest of the launch, and that wait's acquire already ordered this program.
 
-    The first two weight blocks are loaded before the wait; each later one is
-    loaded two blocks ahead of its multiply, so weights stream through the wait
-    and the loop (they are read once: evict first). Returns ``(acc, ok)``.
+    The first two weight blocks (three with ``CORES``) are loaded before the wait;
+    each later one as many blocks ahead of its multiply, so weights stream through
+    the wait and the loop (they are read once: evict first). Returns ``(acc, ok)``.
 
     A K block is multiplied on tensor cores (both operands dequantized, TB token
     rows), or with ``CORES`` on CUDA cores (TB is then the next power of two >= S,
@@ -236,6 +236,8 @@ def _gemv(
     live = (tok < S)[:, None]
     w0, ws0 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, 0, K, ROWS, BK)
     w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, BK, K, ROWS, BK)
+    if CORES:  # a third block in flight: the CUDA-core loop has the registers for it
+        w2, ws2 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, 2 * BK, K, ROWS, BK)
     ok = ticket >= 0
     if box_ptr.to(tl.int64) != seen:
         ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
@@ -250,7 +252,8 @@ def _gemv(
             wf = tl.reshape(w0.to(tl.float32), (ROWS, BLOCKS, MX))
             w_scale = e8m0_scale_tl(ws0.to(tl.int32))  # [ROWS, BLOCKS]
             w0, ws0 = w1, ws1
-            w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 2 * BK, K, ROWS, BK)
+            w1, ws1 = w2, ws2
+            w2, ws2 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 3 * BK, K, ROWS, BK)
             if TB == 1:
                 a = r8.to(tl.float32) * e8m0_scale_tl(r_s.to(tl.int32))[:, None]  # [BLOCKS, MX]
                 r8, r_s = _act_block(a_ptr, as_ptr, a_at, kb, k0 + BK, K, BK)
