@@ -38,7 +38,6 @@ from dsv41.nvidia.ops.mx_gemm import (
     bucket_for,
     gemm_config,
     mx_gemm,
-    one_wave_registers,
 )
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
 from dsv41.nvidia.step import gemm_shapes
@@ -199,21 +198,6 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch):
                 assert cfg.block_n * cfg.block_k <= 2 * GEMV_TILE_BYTES, (name, cfg)
         assert not gemm_config(1, n, k, n_per_group=npg or n, quant_out=quant, sms=132,
                                gemv_ok=False).gemv  # fmt: skip
-
-
-def test_gemv_programs_fit_one_wave(monkeypatch):
-    """Real geometry, tp 4, 132 SMs of 65536 registers: the M = 1 GEMV of every site caps its
-    registers so that all its programs are resident at once (DSV41_GEMV_ONE_WAVE=0: no cap)."""
-    monkeypatch.delenv("DSV41_GEMV_ONE_WAVE", raising=False)
-    assert one_wave_registers(1120, 4, 132) == 56  # 9 programs a SM: 65536 / 1152 = 56.9
-    assert one_wave_registers(1280, 4, 132) == 48  # 10 a SM: 51.2, down to a step of 8
-    assert one_wave_registers(100, 4, 132) == 255 and one_wave_registers(100_000, 4, 132) is None
-    for name, (n, k, npg, quant) in gemm_shapes(Dims.of("dsv41-flash", 4)).items():
-        cfg = gemm_config(1, n, k, n_per_group=npg or n, quant_out=quant, sms=132)
-        resident = 132 * (65536 // (cfg.maxnreg * cfg.num_warps * 32))
-        assert -(-n // cfg.block_n) * cfg.split_k <= resident, (name, cfg)
-    monkeypatch.setenv("DSV41_GEMV_ONE_WAVE", "0")
-    assert gemm_config(1, 1792, 5120, n_per_group=1792, quant_out=False, sms=132).maxnreg is None
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])

@@ -75,11 +75,6 @@ GEMV_TILE_BYTES = 8192  # 4 warps and 8 KB tiles were best or within 0.7 us at e
 GEMV_BLOCK_K_MAX = 1024
 GEMV_BLOCK_N = (8, 64)  # tile rows, least and most
 GEMV_WARPS = 4
-# A SM's register file (32-bit registers; SM90 and SM100) and the step in which a thread's
-# registers are allocated. ncu on the H200 at M = 1: Wqkv's 1120 and wq_b's 1280 GEMV programs
-# at 64 and 56 registers fit 1056 and 1188 at once, so each ran a second wave of ~1.2 us.
-SM_REGISTERS = 65536
-REGISTER_STEP = 8
 
 
 def interpreting() -> bool:
@@ -293,7 +288,6 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
-    maxnreg: int | None = None  # registers a thread at most (ptxas .maxnreg)
 
 
 def sm_count(device: torch.device) -> int:
@@ -321,22 +315,8 @@ def gemv_max_m() -> int:
     return int(os.environ.get("DSV41_GEMV_MAX_M", GEMV_MAX_M))
 
 
-def one_wave_registers(programs: int, warps: int, sms: int) -> int | None:
-    """The most registers a thread may hold for ``programs`` programs of ``warps`` warps to be
-    resident at once on ``sms`` SMs (whole ``REGISTER_STEP`` steps); None when
-    ``DSV41_GEMV_ONE_WAVE=0`` or when no cap of at least 32 registers does it."""
-    if os.environ.get("DSV41_GEMV_ONE_WAVE", "1") == "0":
-        return None
-    per_sm = -(-programs // sms)
-    regs = SM_REGISTERS // (per_sm * warps * 32) // REGISTER_STEP * REGISTER_STEP
-    return min(regs, 255) if regs >= 32 else None
-
-
-def gemv_config(
-    m: int, n: int, n_per_group: int, k: int, *, quant_out: bool, sms: int
-) -> GemmConfig:
-    """One ``BLOCK_N x BLOCK_K`` weight tile a program (~``GEMV_TILE_BYTES``), K split in tiles;
-    the registers capped so that every program of the launch is resident at once."""
+def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
+    """One ``BLOCK_N x BLOCK_K`` weight tile a program (~``GEMV_TILE_BYTES``), K split in tiles."""
     block_k = GEMV_BLOCK_K_MAX  # the largest power of two <= the cap dividing K (K % 32 == 0)
     while k % block_k:
         block_k //= 2
@@ -346,10 +326,8 @@ def gemv_config(
         block_n //= 2
     while block_n * block_k > GEMV_TILE_BYTES and block_k > MX_BLOCK:
         block_k //= 2
-    programs = -(-n // block_n) * (k // block_k)
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, k // block_k,
-                      num_warps=GEMV_WARPS, num_stages=1, gemv=True,
-                      maxnreg=one_wave_registers(programs, GEMV_WARPS, sms))  # fmt: skip
+                      num_warps=GEMV_WARPS, num_stages=1, gemv=True)  # fmt: skip
 
 
 def gemm_config(
@@ -363,7 +341,7 @@ def gemm_config(
     """
     m = bucket_for(m)
     if gemv_ok and m <= gemv_max_m():
-        return gemv_config(m, n, n_per_group, k, quant_out=quant_out, sms=sms)
+        return gemv_config(m, n_per_group, k, quant_out=quant_out)
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
     block_n = 64 if n_per_group % 64 == 0 else 32
@@ -581,7 +559,6 @@ def mx_gemm(
         SPLIT_K=cfg.split_k,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}),
         **geo,
         USE_PDL=pdl_enabled(),
         **pdl_launch_options(),
