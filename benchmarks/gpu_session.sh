@@ -52,13 +52,13 @@ if [ "$what" = ncu ]; then
 fi
 if [ "$what" = ab ]; then
   # Session 5's A/B, each switch off against the defaults, and the tables for BENCHMARKS.md:
-  # nvidia's one-wave GEMV registers, wq_b's RMSNorm prologue, PDL; mono's wo_a K parts.
+  # nvidia's wq_b RMSNorm prologue, PDL; mono's wo_a K parts. (Call 3 also ran the register
+  # cap of d018cec, since reverted, with DSV41_GEMV_ONE_WAVE=0.)
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
     2>&1 | grep -E "^(nvidia|mono) "; }
   b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
     | sed "s/^/tp 4: /"
   b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
-  DSV41_GEMV_ONE_WAVE=0 b --backend nvidia --tp 4 --tokens 1 | sed "s/^/one wave off: /"
   DSV41_NORM_IN_WQB=0 b --backend nvidia --tp 4 --tokens 1 | sed "s/^/norm in wq_b off: /"
   DSV41_PDL=1 b --backend nvidia --tp 4 --tokens 1,16 | sed "s/^/PDL on: /"
   DSV41_MONO_WOA_PARTS=1 b --backend mono --tp 4 --tokens 1,16,48 | sed "s/^/woa parts 1: /"
