@@ -133,7 +133,7 @@ def launch_step(
     if norm_in_wq_b(layer, x.shape[0], x.device):
         main = side = None
         if x.is_cuda:
-            main = torch.cuda.current_stream()
+            main = torch.cuda.current_stream(x.device)
             if x.device not in _SIDE_STREAMS:
                 _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
             side = _SIDE_STREAMS[x.device]

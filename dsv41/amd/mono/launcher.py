@@ -11,7 +11,7 @@ step's output with the intermediates the scratch holds.
 Those runners share one scratch per (device, geometry), laid out for 48
 tokens: a step's scratch is dead once its launch ends and the epoch keeps
 successive launches apart, so the steps of every layer and token count run one
-after another on a stream can share it (34 MB at the tp 2 share, 17 MB at tp
+after another on a stream can share it (37 MB at the tp 2 share, 19 MB at tp
 4). Two streams must not run mono steps of one geometry at once.
 
 Seams returned by ``mono_step`` (all copies, standard row = token):
