@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|trace|ncu|all]
-# ab: the open A/B (each of session 5's switches off) with the tables; steps: both step tests.
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|trace|ncu|all]
+# ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl: prepared.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -63,6 +63,19 @@ if [ "$what" = ab ]; then
   DSV41_PDL=1 b --backend nvidia --tp 4 --tokens 1,16 | sed "s/^/PDL on: /"
   DSV41_MONO_WOA_PARTS=1 b --backend mono --tp 4 --tokens 1,16,48 | sed "s/^/woa parts 1: /"
   timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
+fi
+if [ "$what" = pdl ]; then
+  # Prepared for session 6, not yet run: PDL with wq_b's side stream through the nvidia step
+  # tests, then the M = 1 step at both shares with and without it.
+  DSV41_PDL=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    --timeout 300 2>&1 | tail -3
+  for pdl in 0 1; do
+    for tp in 4 2; do
+      DSV41_PDL=$pdl timeout 150 python3 -m dsv41.cli bench --backend nvidia --config dsv41-flash \
+        --tp "$tp" --tokens 1,2,16 --reference-repeats 1 2>&1 | grep -E "^nvidia " \
+        | sed "s/^/PDL $pdl, tp $tp: /"
+    done
+  done
 fi
 if [ "$what" = steps ]; then
   # The step tests of both backends (the kernels session 5 changed) and parity.
