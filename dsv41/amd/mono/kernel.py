@@ -18,10 +18,11 @@ launch is read with ``.cg`` loads, and only after every producer of each
 
 A GEMV task loads its first two weight blocks (three on CUDA cores) before
 it waits on its activations and keeps loading that many blocks ahead of its
-multiplies, so weight streaming overlaps the hand-off latency. MXFP8 operands are dequantized exactly
-(e4m3 times a power of two fits bf16) and multiplied on bf16 tensor cores with
-fp32 accumulation; with ``EXACT`` (the interpreter, whose bf16 ``tl.dot`` is
-broken) in fp32.
+multiplies, so weight streaming overlaps the hand-off latency. MXFP8 operands
+are dequantized exactly (e4m3 times a power of two fits bf16) and multiplied on
+bf16 tensor cores with fp32 accumulation (with ``EXACT``, the interpreter, whose
+bf16 ``tl.dot`` is broken, in fp32), or up to ``plan.CORES_TOKENS`` tokens on
+CUDA cores.
 """
 
 from __future__ import annotations
@@ -121,8 +122,9 @@ def _mma(a, b, acc, EXACT: tl.constexpr):
     with an IEEE fp32 add, not chained through the MMA's accumulator, whose adds are
     not IEEE: a Wqkv K half chains 2560 products, and at the tp 2 share the kernel's
     q left the reference's (q 2.3e-4, y 1.3e-2 off at 20 tokens on the H200) while
-    the schedule executor's fp32 sums of the same products give the reference's q. ``acc * 0.0`` is the zero: a constant
-    zero would let Triton fold the add back into the MMA.
+    the schedule executor's fp32 sums of the same products give the reference's q.
+    ``acc * 0.0`` is the zero: a constant zero would let Triton fold the add back into
+    the MMA.
     """
     if EXACT:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
@@ -226,9 +228,9 @@ def _gemv(
     rows), or with ``CORES`` on CUDA cores (TB is then the next power of two >= S,
     ``plan.gemv_on_cores``): each MX block's 32 products with a token row's
     dequantized values summed in fp32, times the weight's scale, the blocks summed
-    in fp32. With one token its activation block is loaded one block ahead, and each MX
-    block's sum is added to its own lane across the K blocks; the lanes are summed once,
-    after the loop (no reduction across warps in the loop).
+    in fp32. With one token its activation block is loaded one block ahead, and each
+    MX block's sum is added to its own lane across the K blocks; the lanes are summed
+    once, after the loop (no reduction across warps in the loop).
     """
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
@@ -331,8 +333,8 @@ def _norm(
     kv = bf16_round_tl(kv + tl.load(row0 + half1 + Q_RANK + d, cache_modifier=".cg"))
     kv = _rmsnorm(kv, d < HEAD_DIM, kv_norm_ptr, HEAD_DIM, eps, HEAD_DIM)
     pos = tl.load(pos_ptr + s + tl.zeros((1,), tl.int32))
-    kv = bf16_round_tl(_rope(tl.reshape(kv, (1, HEAD_DIM)), cos_ptr, sin_ptr, rope_rows, pos, -(NOPE // 2),
-                     (HEAD_DIM - NOPE) // 2, 1, HALF_DIM, False))
+    kv = bf16_round_tl(_rope(tl.reshape(kv, (1, HEAD_DIM)), cos_ptr, sin_ptr, rope_rows, pos,
+                             -(NOPE // 2), (HEAD_DIM - NOPE) // 2, 1, HALF_DIM, False))
     slot = tl.load(slot_ptr + s + tl.zeros((1,), tl.int32)).to(tl.int64)
     store_record_tl(win_ptr, slot, kv, win_slots, WIN_BLOCK, FMT_DS_MLA)
 
@@ -617,7 +619,8 @@ def mono_kernel(
     HIDDEN: tl.constexpr, Q_RANK: tl.constexpr, Q_RANK_P: tl.constexpr, QKV_ROWS: tl.constexpr,
     NOPE: tl.constexpr, HEADS: tl.constexpr, HEAD_TILES: tl.constexpr, O_RANK: tl.constexpr,
     GROUP_K: tl.constexpr, O_ROWS: tl.constexpr, WOA_PARTS: tl.constexpr, KEYS: tl.constexpr,
-    KC: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
+    KC: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr, WIN_BLOCK: tl.constexpr,
+    COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,

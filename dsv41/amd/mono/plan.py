@@ -135,7 +135,9 @@ def gemv_on_cores(tokens: int) -> bool:
     ``CORES_TOKENS`` tokens, or up to ``DSV41_MONO_GEMV_CORES`` when set (0: never)."""
     raw = os.environ.get("DSV41_MONO_GEMV_CORES", str(CORES_TOKENS))
     if not raw.isdigit() or int(raw) > MAX_TOKENS:
-        raise ValueError(f"DSV41_MONO_GEMV_CORES: expected a token count 0..{MAX_TOKENS}, got {raw!r}")
+        raise ValueError(
+            f"DSV41_MONO_GEMV_CORES: expected a token count 0..{MAX_TOKENS}, got {raw!r}"
+        )
     return tokens <= int(raw)
 
 
@@ -393,7 +395,8 @@ class Plan:
         out, offset = {}, 0
         for name in ("ctl", *FRONT, *BACK):
             shape, dtype = shapes[name]
-            token_dim = None if name.endswith("rdy") or name == "ctl" else int(name in ("qkvp", "woap"))
+            mailboxes = name.endswith("rdy") or name == "ctl"
+            token_dim = None if mailboxes else int(name in ("qkvp", "woap"))
             out[name] = Region(name, offset, shape, dtype, token_dim)
             offset = _round_up(out[name].end, REGION_ALIGN)
         return out
