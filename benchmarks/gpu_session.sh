@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|trace|ncu|all]
-# ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl: prepared.
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|trace|ncu|all]
+# ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep:
+# prepared for the next session.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -76,6 +77,11 @@ if [ "$what" = pdl ]; then
         | sed "s/^/PDL $pdl, tp $tp: /"
     done
   done
+fi
+if [ "$what" = sweep ]; then
+  # Prepared for session 6, not yet run: each GEMM site at M = 1 over the CUDA-core tiles,
+  # whole-K tiles (no split-K sum) included, and with its weights in L2.
+  timeout 400 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --sweep 2>&1 | tail -48
 fi
 if [ "$what" = steps ]; then
   # The step tests of both backends (the kernels session 5 changed) and parity.

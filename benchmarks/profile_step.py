@@ -116,8 +116,10 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
             default = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=sms)
             mma = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=sms, gemv_ok=False)
             configs = {default, mma}
-            # The CUDA-core loop: one weight tile a program, tile shape x warps.
-            for bn, bk, warps in itertools.product((8, 16, 32, 64), (256, 512, 1024), (4, 8)):
+            # The CUDA-core loop: one weight tile a program, tile shape x warps (a tile of the
+            # whole K, where K is a power of two, needs no split-K sum).
+            for bn, bk, warps in itertools.product((8, 16, 32, 64), (256, 512, 1024, 2048, 4096),
+                                                   (4, 8)):
                 if k % bk or (npg or n) % bn or (quant and bn % 32) or bn * bk > 32768:
                     continue
                 configs.add(GemmConfig(triton.next_power_of_2(m), bn, bk, k // bk, warps, 1,
