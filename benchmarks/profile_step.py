@@ -124,6 +124,13 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
                     continue
                 configs.add(GemmConfig(triton.next_power_of_2(m), bn, bk, k // bk, warps, 1,
                                        gemv=True))  # fmt: skip
+            # ... and programs of a few rows over the whole K in unrolled steps (no split-K sum).
+            for bn, bk, warps in itertools.product((1, 2, 4, 8), (256, 512, 1024), (4, 8)):
+                steps = k // bk
+                if k % bk or (npg or n) % bn or quant or not 2 <= steps <= 8 or bn * k > 16384:
+                    continue
+                configs.add(GemmConfig(triton.next_power_of_2(m), bn, bk, 1, warps, 1,
+                                       gemv=True, k_steps=steps))  # fmt: skip
             # K steps a program x pipeline depth: with stages >= steps every load of a program
             # is issued before its first multiply.
             for bn, bk, iters, st in itertools.product((32, 64), (64, 128, 256), (1, 2, 4, 8),

@@ -132,8 +132,9 @@ def test_wo_b(layer):
 @pytest.mark.parametrize("m", [1, 5])
 @pytest.mark.parametrize("site", ["wqkv", "wq_b", "wo_a"])
 def test_cuda_core_loop_matches_the_reference(layer, site, m):
-    """The GEMV loop (forced: 2 K splits, rows past M in its 8-row bucket) against each seam:
-    bf16 x cast in the prologue, MXFP8 qr8, grouped xo with z re-quantized."""
+    """The GEMV loop (forced; at M = 5 rows past M in its 8-row bucket) against each seam:
+    bf16 x cast in the prologue, MXFP8 qr8 (both as 2 unrolled K steps of one program, no
+    split-K sum), grouped xo with z re-quantized (2 K splits)."""
     dims, model = layer.dims, layer.dims.model
     z8 = None
     if site == "wqkv":
@@ -150,7 +151,9 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m):
               torch.empty(m, dims.o_rows // 32, dtype=torch.uint8))  # fmt: skip
         want = wo_a_grouped(layer, mxfp8_dequantize(*a)).reshape(m, dims.o_rows)
     k = w.shape[1]
-    cfg = GemmConfig(block_m=8, block_n=32, block_k=k // 2, split_k=2, gemv=True)
+    steps, splits = (1, 2) if site == "wo_a" else (2, 1)  # M = 1: one row's lanes over steps
+    cfg = GemmConfig(block_m=8 if m > 1 else 1, block_n=32, block_k=k // 2, split_k=splits,
+                     gemv=True, k_steps=steps)  # fmt: skip
     scratch = Scratch()
     got = mx_gemm(a, w, ws, out8=z8, n_per_group=npg, scratch=scratch, config=cfg)
     assert_bf16_close(got, want)
@@ -298,7 +301,7 @@ from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
-          "K_PAD": 2048}
+          "K_PAD": 2048, "K_STEPS": 1}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",

@@ -28,7 +28,9 @@ Products of MXFP8 values are exact in bf16 and tf32, so the dot runs on bf16
 operands on the GPU and on fp32 operands under the interpreter (whose bf16
 dot is broken); both accumulate in fp32. Buckets up to ``GEMV_MAX_M`` (one token)
 take a CUDA-core loop instead (``GEMV``): one weight tile a program, loaded
-before the PDL wait, fp32 FMAs, no MMA tile padded to 16 rows.
+before the PDL wait, fp32 FMAs, no MMA tile padded to 16 rows (a config may give
+a program ``k_steps`` tiles along K, unrolled: with ``split_k = 1`` no partial
+sums at all; ``profile_step.py --sweep`` times those).
 """
 
 from __future__ import annotations
@@ -92,6 +94,43 @@ def _mx_tile(
     v = tl.load(v_ptr + rows[:, None] * stride_v + k[None, :], mask=row_ok[:, None], other=0.0)
     c = tl.load(c_ptr + rows[:, None] * stride_c + kc[None, :], mask=row_ok[:, None], other=0)
     return mx_dequantize_tl(v, c.to(tl.int32), BLOCK_R, BLOCK_K)
+
+
+@triton.jit
+def _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCKS: tl.constexpr):
+    """The CUDA-core loop's weight tile at ``k0``: e4m3 ``[BLOCK_N, BLOCKS, 32]``, its codes
+    ``[BLOCK_N, BLOCKS]`` and the columns ``[BLOCKS, 32]`` it covers."""
+    blk = tl.arange(0, BLOCKS)
+    col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]
+    w8 = tl.load(w_ptr + n64[:, None, None] * K + col[None, :, :], mask=n_ok[:, None, None],
+                 other=0.0)  # fmt: skip
+    wc = tl.load(w_codes_ptr + n64[:, None] * (K // _MX) + (blk + k0 // _MX)[None, :],
+                 mask=n_ok[:, None], other=0)  # fmt: skip
+    return w8, wc, col
+
+
+@triton.jit
+def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0, col, eps,
+              K: tl.constexpr, K_PAD: tl.constexpr, BLOCKS: tl.constexpr,
+              A_MODE: tl.constexpr):  # fmt: skip
+    """Token ``row``'s activation at the CUDA-core tile's columns ``col [BLOCKS, 32]`` (from
+    ``k0``), fp32, as its prologue makes it: MXFP8 values times their scales (A_MX), x cast
+    to MXFP8 (A_CAST), or ``mxfp8(bf16(rmsnorm(qr) * weight))`` (A_NORM: the RMS factor of
+    the whole row)."""
+    if A_MODE == A_MX:
+        a8 = tl.load(a_ptr + row * stride_am + group * K + col)
+        blk = tl.arange(0, BLOCKS)
+        ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
+        return a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
+    elif A_MODE == A_CAST:  # this row's slice of x, one MX block a row of the tile
+        x = tl.load(a_ptr + row * stride_am + col)
+        return _mx_round(x.to(tl.float32), BLOCKS, _MX)
+    else:
+        kq = tl.arange(0, K_PAD)
+        q = tl.load(a_ptr + row * stride_am + kq, mask=kq < K, other=0.0).to(tl.float32)
+        x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
+        g = tl.load(norm_ptr + col).to(tl.float32)
+        return _mx_round(bf16_round_tl(x * rms_factor_tl(q, K, eps) * g), BLOCKS, _MX)
 
 
 @triton.jit
@@ -168,6 +207,7 @@ def mx_gemm_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    K_STEPS: tl.constexpr = 1,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
@@ -181,43 +221,48 @@ def mx_gemm_kernel(
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n64 = n.to(tl.int64)
-    if GEMV:  # one weight tile a program, loaded before the PDL wait: no step writes weights
-        tl.static_assert(BLOCK_K == K_SPLIT, "the CUDA-core loop takes one K step a program")
+    if GEMV:  # the first weight tile is loaded before the PDL wait: no step writes weights
+        tl.static_assert(BLOCK_K * K_STEPS == K_SPLIT,
+                         "the CUDA-core loop takes K_STEPS whole K steps a program")
         BLOCKS: tl.constexpr = BLOCK_K // _MX
-        blk = tl.arange(0, BLOCKS)
-        k0 = pid_k * K_SPLIT
-        col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]  # [blocks, 32]
-        w8 = tl.load(w_ptr + n64[:, None, None] * K + col[None, :, :], mask=n_ok[:, None, None],
-                     other=0.0)  # fmt: skip
-        wc = tl.load(w_codes_ptr + n64[:, None] * (K // _MX) + (blk + k0 // _MX)[None, :],
-                     mask=n_ok[:, None], other=0)  # fmt: skip
+        w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS)
     pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GEMV:
         # CUDA cores, no MMA: the weight tile [BLOCK_N, blocks, 32] is converted to fp32 once,
         # and for each token row every block's 32 products are summed (fp32 FMAs, IEEE), then
         # weighted by the weight's E8M0 scale; the row's MXFP8 value carries its own scale.
+        # With K_STEPS > 1 the steps are unrolled (a program's split needs no partial sum
+        # when SPLIT_K is 1). For one token row each product goes to its own lane and the
+        # lanes are summed once at the end: no reduction (and no barrier) between steps, so
+        # every step's loads can be in flight together.
         tl.static_assert(A_MODE != A_O, "the fused WO-A prologue runs on the MMA loop")
         token = tl.arange(0, BLOCK_M)
-        wf = w8.to(tl.float32)
-        ws = e8m0_scale_tl(wc.to(tl.int32))
-        for r in tl.static_range(BLOCK_M):
-            row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
-            if A_MODE == A_MX:
-                a8 = tl.load(a_ptr + row * stride_am + group * K + col)
-                ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
-                a = a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
-            elif A_MODE == A_CAST:  # this row's slice of x, one MX block a row of the tile
-                x = tl.load(a_ptr + row * stride_am + col)
-                a = _mx_round(x.to(tl.float32), BLOCKS, _MX)
-            else:  # A_NORM: the RMS factor of the whole row, then this row's slice
-                kq = tl.arange(0, K_PAD)
-                q = tl.load(a_ptr + row * stride_am + kq, mask=kq < K, other=0.0).to(tl.float32)
-                x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
-                g = tl.load(norm_ptr + col).to(tl.float32)
-                a = _mx_round(bf16_round_tl(x * rms_factor_tl(q, K, eps) * g), BLOCKS, _MX)
-            dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
-            acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
+        if K_STEPS > 1 and BLOCK_M == 1:
+            row = tl.minimum(pid_m, M - 1)
+            lanes = tl.zeros((BLOCK_N, BLOCKS, _MX), dtype=tl.float32)
+            for step in tl.static_range(K_STEPS):
+                k0 = pid_k * K_SPLIT + step * BLOCK_K
+                if step > 0:
+                    w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
+                a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0,
+                              col, eps, K, K_PAD, BLOCKS, A_MODE)  # fmt: skip
+                ws = e8m0_scale_tl(wc.to(tl.int32))
+                lanes += w8.to(tl.float32) * a[None, :, :] * ws[:, :, None]
+            acc += tl.sum(tl.sum(lanes, axis=2), axis=1)[None, :]
+        else:
+            for step in tl.static_range(K_STEPS):
+                k0 = pid_k * K_SPLIT + step * BLOCK_K
+                if step > 0:
+                    w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
+                wf = w8.to(tl.float32)
+                ws = e8m0_scale_tl(wc.to(tl.int32))
+                for r in tl.static_range(BLOCK_M):
+                    row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
+                    a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group,
+                                  k0, col, eps, K, K_PAD, BLOCKS, A_MODE)  # fmt: skip
+                    dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
+                    acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
@@ -288,6 +333,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
+    k_steps: int = 1  # K steps a CUDA-core program runs, unrolled: block_k * k_steps * split_k = K
 
 
 def sm_count(device: torch.device) -> int:
@@ -507,14 +553,16 @@ def mx_gemm(
         )
     if (
         n_per_group % cfg.block_n
-        or k % (cfg.block_k * cfg.split_k)
+        or k % (cfg.block_k * cfg.k_steps * cfg.split_k)
         or (quant and cfg.block_n % MX_BLOCK)
     ):
         raise ValueError(f"config: {cfg} does not tile N per group {n_per_group}, K {k}")
-    if cfg.gemv and (mode == A_O or cfg.block_k * cfg.split_k != k):
+    if cfg.k_steps != 1 and not cfg.gemv:
+        raise ValueError(f"config: k_steps is a CUDA-core loop setting (gemv=True), got {cfg}")
+    if cfg.gemv and (mode == A_O or cfg.block_k * cfg.k_steps * cfg.split_k != k):
         raise ValueError(
-            f"config: the CUDA-core loop takes MXFP8 or bf16 activations and one K step a "
-            f"program (block_k * split_k = {k}), got {cfg}"
+            f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
+            f"(block_k * k_steps * split_k = {k}), got {cfg}"
         )
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     if cfg.split_k > 1:
@@ -561,6 +609,7 @@ def mx_gemm(
         num_stages=cfg.num_stages,
         **geo,
         USE_PDL=pdl_enabled(),
+        K_STEPS=cfg.k_steps,
         **pdl_launch_options(),
     )
     return out
