@@ -341,16 +341,16 @@ def _norm(
 
 @triton.jit
 def _keys(
-    key_ptr, s, k0, end, win_ptr, comp_ptr, win_slots, comp_slots, KEYS: tl.constexpr,
+    key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS: tl.constexpr,
     KS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
 ):
     """Token s's keys ``k0 .. k0 + KS`` through the key table: ``(bf16 [KS, 512], valid [KS])``.
 
     A key is bf16-exact (e4m3 times a power of two, or bf16), so bf16 holds it in half the
-    registers; entries at or past ``end`` (<= KEYS) are not valid, and nothing of them is read.
+    registers; entries past ``KEYS`` are not valid.
     """
     e = k0 + tl.arange(0, KS)
-    entries = tl.load(key_ptr + s * KEYS + e, mask=e < end, other=-1)
+    entries = tl.load(key_ptr + s * KEYS + e, mask=e < KEYS, other=-1)
     is_comp, slot, valid = decode_entries_tl(entries, win_slots, comp_slots)
     keys = load_keys_tl(win_ptr, slot, valid & ~is_comp, WIN_BLOCK, FMT_DS_MLA, KS)
     keys = keys.to(tl.bfloat16)
@@ -376,7 +376,7 @@ def _attn(
     each next slice ahead of the current one's products spilled 450 B on SM90.)
     """
     k0 = chunk * KC
-    keys, valid = _keys(key_ptr, s, k0, k0 + KC, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,
+    keys, valid = _keys(key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,
                         KEY_SLICE_, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
     h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
     hm = h < HEADS
@@ -399,9 +399,8 @@ def _attn(
         total = total * alpha + tl.sum(prob, axis=1)
         top = new_top
         if k + KEY_SLICE_ < k0 + KC:
-            keys, valid = _keys(key_ptr, s, k + KEY_SLICE_, k0 + KC, win_ptr, comp_ptr,
-                                win_slots, comp_slots, KEYS, KEY_SLICE_, WIN_BLOCK, COMP_BLOCK,
-                                HAS_COMP)
+            keys, valid = _keys(key_ptr, s, k + KEY_SLICE_, win_ptr, comp_ptr, win_slots,
+                                comp_slots, KEYS, KEY_SLICE_, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
     o = o / tl.where(total > 0, total, 1.0)[:, None]
     row = (s * CHUNKS + chunk) * HEADS_P + h
     tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=hm[:, None])

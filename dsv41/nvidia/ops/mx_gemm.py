@@ -238,31 +238,28 @@ def mx_gemm_kernel(
         # every step's loads can be in flight together.
         tl.static_assert(A_MODE != A_O, "the fused WO-A prologue runs on the MMA loop")
         token = tl.arange(0, BLOCK_M)
-        if K_STEPS > 1 and BLOCK_M == 1:
-            row = tl.minimum(pid_m, M - 1)
+        LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
+        if LANES:
             lanes = tl.zeros((BLOCK_N, BLOCKS, _MX), dtype=tl.float32)
-            for step in tl.static_range(K_STEPS):
-                k0 = pid_k * K_SPLIT + step * BLOCK_K
-                if step > 0:
-                    w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
-                a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0,
-                              col, eps, K, K_PAD, BLOCKS, A_MODE)  # fmt: skip
-                ws = e8m0_scale_tl(wc.to(tl.int32))
+        for step in tl.static_range(K_STEPS):
+            k0 = pid_k * K_SPLIT + step * BLOCK_K
+            if step > 0:
+                w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
+            ws = e8m0_scale_tl(wc.to(tl.int32))
+            if LANES:
+                a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, tl.minimum(pid_m, M - 1), stride_am,
+                              stride_acm, group, k0, col, eps, K, K_PAD, BLOCKS, A_MODE)  # fmt: skip
                 lanes += w8.to(tl.float32) * a[None, :, :] * ws[:, :, None]
-            acc += tl.sum(tl.sum(lanes, axis=2), axis=1)[None, :]
-        else:
-            for step in tl.static_range(K_STEPS):
-                k0 = pid_k * K_SPLIT + step * BLOCK_K
-                if step > 0:
-                    w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
+            else:
                 wf = w8.to(tl.float32)
-                ws = e8m0_scale_tl(wc.to(tl.int32))
                 for r in tl.static_range(BLOCK_M):
                     row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
                     a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group,
                                   k0, col, eps, K, K_PAD, BLOCKS, A_MODE)  # fmt: skip
                     dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
                     acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
+        if LANES:
+            acc += tl.sum(tl.sum(lanes, axis=2), axis=1)[None, :]
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
