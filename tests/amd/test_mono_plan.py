@@ -237,3 +237,16 @@ def test_woa_parts_are_checked(monkeypatch) -> None:
     monkeypatch.setenv("DSV41_MONO_WOA_PARTS", "x")
     with pytest.raises(ValueError, match="DSV41_MONO_WOA_PARTS: expected a part count"):
         Plan(dims, 1)
+
+
+def test_warps_switch_is_checked(monkeypatch) -> None:
+    from dsv41.amd.mono.launcher import NUM_WARPS, num_warps
+
+    monkeypatch.delenv("DSV41_MONO_WARPS", raising=False)
+    assert num_warps() == NUM_WARPS
+    monkeypatch.setenv("DSV41_MONO_WARPS", "16")
+    assert num_warps() == 16
+    for bad in ("2", "32", "x", ""):
+        monkeypatch.setenv("DSV41_MONO_WARPS", bad)
+        with pytest.raises(ValueError, match=f"DSV41_MONO_WARPS: expected 4, 8 or 16, got '{bad}'"):
+            num_warps()

@@ -46,7 +46,7 @@ from dsv41.common.weights import LayerWeights
 INTERPRETER_PROGRAMS = 4  # programs of the persistent grid under the Triton interpreter
 SPIN_LIMIT_GPU = 1 << 20  # polls before a wait gives up (about a second)
 SPIN_LIMIT_INTERPRETER = 16  # tickets run in order there: a wait never needs a second poll
-NUM_WARPS = 8
+NUM_WARPS = 8  # warps of a program (one program a multiprocessor); DSV41_MONO_WARPS overrides it
 
 
 class MonoError(RuntimeError):
@@ -55,6 +55,14 @@ class MonoError(RuntimeError):
 
 def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def num_warps() -> int:
+    """Warps of a mono program: ``NUM_WARPS``, or ``DSV41_MONO_WARPS`` (4, 8 or 16) when set."""
+    raw = os.environ.get("DSV41_MONO_WARPS", str(NUM_WARPS))
+    if raw not in ("4", "8", "16"):
+        raise ValueError(f"DSV41_MONO_WARPS: expected 4, 8 or 16, got {raw!r}")
+    return int(raw)
 
 
 _SHARED_SCRATCH: dict[tuple, torch.Tensor] = {}
@@ -161,7 +169,7 @@ class MonoRunner:
             WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,
-            num_warps=NUM_WARPS,
+            num_warps=num_warps(),
         )
 
     def report_async(self) -> None:
