@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|trace|ncu|all]
-# ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep:
-# prepared for the next session.
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|trace|ncu|all]
+# ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
+# s6: session 6's calls.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -65,9 +65,23 @@ if [ "$what" = ab ]; then
   DSV41_MONO_WOA_PARTS=1 b --backend mono --tp 4 --tokens 1,16,48 | sed "s/^/woa parts 1: /"
   timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
 fi
+if [ "$what" = s6 ]; then
+  # Session 6: the nvidia step tests with PDL on at M = 1 and whole-row GEMV tiles (the
+  # defaults now), the tables at both shares, mono with 16 warps a program, and its trace.
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py --timeout 300 \
+    2>&1 | tail -3
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
+    | sed "s/^/tp 4: /"
+  b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
+  DSV41_MONO_WARPS=16 b --backend mono --tp 4 --tokens 1,4,16,48 | sed "s/^/mono 16 warps: /"
+  DSV41_MONO_WARPS=16 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 \
+    | tail -11 | sed "s/^/16 warps: /"
+fi
 if [ "$what" = pdl ]; then
-  # Prepared for session 6, not yet run: PDL with wq_b's side stream through the nvidia step
-  # tests, then the M = 1 step at both shares with and without it.
+  # Session 6, call 1: PDL with wq_b's side stream through the nvidia step tests, then the
+  # step at both shares with and without it.
   DSV41_PDL=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     --timeout 300 2>&1 | tail -3
   for pdl in 0 1; do
@@ -79,8 +93,8 @@ if [ "$what" = pdl ]; then
   done
 fi
 if [ "$what" = sweep ]; then
-  # Prepared for session 6, not yet run: each GEMM site at M = 1 over the CUDA-core tiles,
-  # whole-K tiles (no split-K sum) included, and with its weights in L2.
+  # Session 6, call 2: each GEMM site at M = 1 over the CUDA-core tiles, whole-K tiles (no
+  # split-K sum) included, and with its weights in L2.
   timeout 400 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --sweep 2>&1 | tail -48
 fi
 if [ "$what" = steps ]; then

@@ -179,6 +179,12 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
     got = mx_gemm(NormInput(qkv[:, :k], layer.q_norm, model.eps), layer.wq_b, layer.wq_b_scale,
                   scratch=Scratch(), config=cfg)  # fmt: skip
     assert torch.equal(got, mx_gemm(qr8, layer.wq_b, layer.wq_b_scale, config=cfg))
+    # one token in 2 unrolled K steps (per-lane sums): the RMS factor is read once a program
+    one = GemmConfig(block_m=1, block_n=32, block_k=k // 2, split_k=1, gemv=True, k_steps=2)
+    got1 = mx_gemm(NormInput(qkv[1:2, :k], layer.q_norm, model.eps), layer.wq_b,
+                   layer.wq_b_scale, scratch=Scratch(), config=one)  # fmt: skip
+    assert torch.equal(got1, mx_gemm((qr8[0][1:2], qr8[1][1:2]), layer.wq_b, layer.wq_b_scale,
+                                     config=one))  # fmt: skip
     want = mx_linear(mxfp8_quantize(rmsnorm(qkv[:, :k], layer.q_norm, model.eps)), layer.wq_b,
                      layer.wq_b_scale)  # fmt: skip
     assert_bf16_close(got, want, exact=0.9)
@@ -197,8 +203,10 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch):
             cfg = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=132)
             assert cfg.gemv == (m <= GEMV_MAX_M), (name, m, cfg)
             if cfg.gemv:
-                assert cfg.block_m == m and cfg.block_k * cfg.split_k == k, (name, cfg)
-                assert cfg.block_n * cfg.block_k <= 2 * GEMV_TILE_BYTES, (name, cfg)
+                assert cfg.block_m == m and cfg.block_k * cfg.k_steps * cfg.split_k == k, cfg
+                assert cfg.block_n * cfg.block_k * cfg.k_steps <= GEMV_TILE_BYTES, (name, cfg)
+                # whole rows a program (no split-K sum) unless z's MX cast needs 32-row tiles
+                assert (cfg.split_k == 1) == (not quant), (name, cfg)
         assert not gemm_config(1, n, k, n_per_group=npg or n, quant_out=quant, sms=132,
                                gemv_ok=False).gemv  # fmt: skip
 

@@ -346,6 +346,7 @@ def mega_attention(
     part_stat = torch.empty(2 * parts, dtype=torch.float32, device=device)
     comp = compressed_cache if compressed_cache is not None else window_cache
     xo_bytes = xo.view(torch.uint8)
+    pdl = pdl_enabled(tokens)
     mega_attention_kernel[(tiles, splits)](
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
@@ -354,13 +355,13 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        num_warps=4, USE_PDL=pdl_enabled(), **pdl_launch_options(),
+        num_warps=4, USE_PDL=pdl, **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
         mega_attention_combine_kernel[(tiles, HEAD_DIM // COMBINE_CHUNK)](
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK, num_warps=4,
-            USE_PDL=pdl_enabled(), **pdl_launch_options(),
+            USE_PDL=pdl, **pdl_launch_options(pdl),
         )  # fmt: skip
     return xo, xo_codes, lse

@@ -69,14 +69,18 @@ BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
 # The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M: each program loads one
-# weight tile of ~GEMV_TILE_BYTES in a single step (all its loads in flight at once, and
-# before the PDL wait). H200, tp 4, M = 1: 7.3 to 8.2 us a site against 10 to 11.6 for the
-# MMA loop; at M = 2 .. 8 its per-row reductions made it 1.2 to 2.8x slower than the MMA loop.
+# weight tile of up to GEMV_TILE_BYTES, all its loads in flight at once and before the PDL
+# wait. Where whole rows fit a tile (and the output needs no whole MX blocks of rows) a
+# program takes whole rows in K_STEPS unrolled steps: no split-K partials, ticket or second
+# pass. H200, tp 4, M = 1 (profile_step.py --sweep, session 6): Wqkv 2 x 5120 6.52 us, wq_b
+# 8 x 1280 7.60, wo_b 8 x 2048 (8 warps) 6.04 against 6.82 / 8.83 / 7.19 for 8 KB tiles split
+# over K; wo_a (32-row tiles for the MXFP8 cast of z) 32 x 512, split 8, 8 warps: 7.21 vs 7.55.
+# At M = 2 .. 8 the loop's per-row reductions made it 1.2 to 2.8x slower than the MMA loop.
 GEMV_MAX_M = 1
-GEMV_TILE_BYTES = 8192  # 4 warps and 8 KB tiles were best or within 0.7 us at every site
-GEMV_BLOCK_K_MAX = 1024
-GEMV_BLOCK_N = (8, 64)  # tile rows, least and most
-GEMV_WARPS = 4
+GEMV_TILE_BYTES = 16384
+GEMV_BLOCK_K_MAX = 2048
+GEMV_BLOCK_N_MAX = 64
+GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
 
 
 def interpreting() -> bool:
@@ -110,13 +114,12 @@ def _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCKS: tl.co
 
 
 @triton.jit
-def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0, col, eps,
-              K: tl.constexpr, K_PAD: tl.constexpr, BLOCKS: tl.constexpr,
-              A_MODE: tl.constexpr):  # fmt: skip
+def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0, col, rms,
+              K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr):  # fmt: skip
     """Token ``row``'s activation at the CUDA-core tile's columns ``col [BLOCKS, 32]`` (from
     ``k0``), fp32, as its prologue makes it: MXFP8 values times their scales (A_MX), x cast
-    to MXFP8 (A_CAST), or ``mxfp8(bf16(rmsnorm(qr) * weight))`` (A_NORM: the RMS factor of
-    the whole row)."""
+    to MXFP8 (A_CAST), or ``mxfp8(bf16(qr * rms * weight))`` (A_NORM: ``rms`` the row's
+    ``_rms_factors``)."""
     if A_MODE == A_MX:
         a8 = tl.load(a_ptr + row * stride_am + group * K + col)
         blk = tl.arange(0, BLOCKS)
@@ -126,11 +129,24 @@ def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k
         x = tl.load(a_ptr + row * stride_am + col)
         return _mx_round(x.to(tl.float32), BLOCKS, _MX)
     else:
-        kq = tl.arange(0, K_PAD)
-        q = tl.load(a_ptr + row * stride_am + kq, mask=kq < K, other=0.0).to(tl.float32)
         x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
         g = tl.load(norm_ptr + col).to(tl.float32)
-        return _mx_round(bf16_round_tl(x * rms_factor_tl(q, K, eps) * g), BLOCKS, _MX)
+        return _mx_round(bf16_round_tl(x * rms * g), BLOCKS, _MX)
+
+
+@triton.jit
+def _rms_factors(a_ptr, first, M, stride_am, eps, K: tl.constexpr, K_PAD: tl.constexpr,
+                 BLOCK_M: tl.constexpr):  # fmt: skip
+    """The RMSNorm factor of each of the tile's token rows ``first ..`` over their ``K``
+    columns, ``[BLOCK_M]`` (A_NORM; read once a program, not once a K step)."""
+    kq = tl.arange(0, K_PAD)
+    token = tl.arange(0, BLOCK_M)
+    rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for r in tl.static_range(BLOCK_M):
+        row = tl.minimum(first + r, M - 1)  # rows past M: stored nowhere
+        q = tl.load(a_ptr + row * stride_am + kq, mask=kq < K, other=0.0).to(tl.float32)
+        rms += tl.where(token == r, rms_factor_tl(q, K, eps), 0.0)
+    return rms
 
 
 @triton.jit
@@ -238,6 +254,9 @@ def mx_gemm_kernel(
         # every step's loads can be in flight together.
         tl.static_assert(A_MODE != A_O, "the fused WO-A prologue runs on the MMA loop")
         token = tl.arange(0, BLOCK_M)
+        rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if A_MODE == A_NORM:
+            rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
         if LANES:
             lanes = tl.zeros((BLOCK_N, BLOCKS, _MX), dtype=tl.float32)
@@ -248,14 +267,15 @@ def mx_gemm_kernel(
             ws = e8m0_scale_tl(wc.to(tl.int32))
             if LANES:
                 a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, tl.minimum(pid_m, M - 1), stride_am,
-                              stride_acm, group, k0, col, eps, K, K_PAD, BLOCKS, A_MODE)  # fmt: skip
+                              stride_acm, group, k0, col, tl.sum(rms), K, BLOCKS, A_MODE)  # fmt: skip
                 lanes += w8.to(tl.float32) * a[None, :, :] * ws[:, :, None]
             else:
                 wf = w8.to(tl.float32)
                 for r in tl.static_range(BLOCK_M):
                     row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
                     a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group,
-                                  k0, col, eps, K, K_PAD, BLOCKS, A_MODE)  # fmt: skip
+                                  k0, col, tl.sum(tl.where(token == r, rms, 0.0)), K, BLOCKS,
+                                  A_MODE)  # fmt: skip
                     dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
                     acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
         if LANES:
@@ -359,18 +379,26 @@ def gemv_max_m() -> int:
 
 
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
-    """One ``BLOCK_N x BLOCK_K`` weight tile a program (~``GEMV_TILE_BYTES``), K split in tiles."""
-    block_k = GEMV_BLOCK_K_MAX  # the largest power of two <= the cap dividing K (K % 32 == 0)
-    while k % block_k:
-        block_k //= 2
-    least = MX_BLOCK if quant_out else GEMV_BLOCK_N[0]  # QUANT_OUT casts whole MX blocks
-    block_n = min(GEMV_BLOCK_N[1], max(least, GEMV_TILE_BYTES // block_k))
-    while n_per_group % block_n:
-        block_n //= 2
-    while block_n * block_k > GEMV_TILE_BYTES and block_k > MX_BLOCK:
-        block_k //= 2
-    return GemmConfig(triton.next_power_of_2(m), block_n, block_k, k // block_k,
-                      num_warps=GEMV_WARPS, num_stages=1, gemv=True)  # fmt: skip
+    """A ``BLOCK_N x (K_STEPS x BLOCK_K)`` weight tile of <= ``GEMV_TILE_BYTES`` a program: whole
+    rows in unrolled K steps where they fit (no split-K sum), else ``least`` rows split over K."""
+    least = MX_BLOCK if quant_out else 1  # QUANT_OUT casts whole MX blocks of output rows
+    rows = min(GEMV_BLOCK_N_MAX, GEMV_TILE_BYTES // k)
+    if rows >= least:
+        block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
+        while n_per_group % block_n:
+            block_n //= 2
+        block_k = GEMV_BLOCK_K_MAX  # the largest power of two <= the cap dividing K (K % 32 == 0)
+        while k % block_k:
+            block_k //= 2
+        k_steps, split_k = k // block_k, 1
+    else:
+        block_n, block_k = least, GEMV_BLOCK_K_MAX
+        while k % block_k or block_n * block_k > GEMV_TILE_BYTES:
+            block_k //= 2
+        k_steps, split_k = 1, k // block_k
+    warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
+    return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
+                      num_stages=1, gemv=True, k_steps=k_steps)  # fmt: skip
 
 
 def gemm_config(
@@ -569,6 +597,7 @@ def mx_gemm(
     else:
         part = tickets = out
     o8v, o8c = out8 if quant else (out, out)
+    pdl = pdl_enabled(m)
     mx_gemm_kernel[grid](
         a_val,
         a_codes,
@@ -605,8 +634,8 @@ def mx_gemm(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **geo,
-        USE_PDL=pdl_enabled(),
+        USE_PDL=pdl,
         K_STEPS=cfg.k_steps,
-        **pdl_launch_options(),
+        **pdl_launch_options(pdl),
     )
     return out

@@ -131,6 +131,7 @@ def norm_rope_insert(
     for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
         if tuple(t.shape) != (m,):
             raise ValueError(f"{name}: expected [{m}], got {list(t.shape)}")
+    pdl = pdl_enabled(m)
     norm_rope_insert_kernel[(m,)](
         qkv,
         q_norm,
@@ -157,6 +158,6 @@ def norm_rope_insert(
         BLOCK_TOKENS=window_cache.block,
         FMT=fmt_id(window_cache.fmt),
         num_warps=4,
-        USE_PDL=pdl_enabled(),
-        **pdl_launch_options(),
+        USE_PDL=pdl,
+        **pdl_launch_options(pdl),
     )

@@ -1,10 +1,17 @@
-"""Programmatic dependent launch between the step's kernels (opt-in: ``DSV41_PDL=1``, GPU only).
+"""Programmatic dependent launch between the step's kernels (GPU only).
 
 A decode step is a chain of short dependent launches; with PDL each kernel is
 launched while its predecessor drains, and waits (``griddepcontrol.wait``)
 before its first read of anything a predecessor wrote. Every kernel of the
 step calls ``pdl_prologue_tl`` first, so no write happens before the wait and
-the chain computes exactly what it computes without PDL.
+the chain computes exactly what it computes without PDL. Reads before the wait
+are of weights only, which no kernel writes (a server that reloads weights
+synchronises before its next step).
+
+On by default for steps of up to ``PDL_MAX_TOKENS`` tokens (``DSV41_PDL`` = 1 / 0
+forces it on / off at every M). H200, graph replay, session 6: tp 4, M = 1,
+40.6 us with it against 42.9 without (tp 2: 55.7 against 55.9); at M = 2 it
+cost 9.1 us (67.1 against 58.0) and at M = 16 4.5 us.
 """
 
 from __future__ import annotations
@@ -15,15 +22,23 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-
-def pdl_enabled() -> bool:
-    """``DSV41_PDL=1`` and not the interpreter (which has no grid dependency control)."""
-    return os.environ.get("DSV41_PDL") == "1" and os.environ.get("TRITON_INTERPRET") != "1"
+PDL_MAX_TOKENS = 1
 
 
-def pdl_launch_options() -> dict:
-    """Extra launch keywords: ``launch_pdl=True`` when PDL is on, nothing otherwise."""
-    return {"launch_pdl": True} if pdl_enabled() else {}
+def pdl_enabled(tokens: int) -> bool:
+    """Whether a launch for ``tokens`` tokens uses PDL: ``DSV41_PDL`` when set (1 or 0), else
+    ``tokens <= PDL_MAX_TOKENS``; never under the interpreter (no grid dependency control)."""
+    raw = os.environ.get("DSV41_PDL")
+    if raw is not None and raw not in ("0", "1"):
+        raise ValueError(f"DSV41_PDL: expected 0 or 1, got {raw!r}")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return tokens <= PDL_MAX_TOKENS if raw is None else raw == "1"
+
+
+def pdl_launch_options(on: bool) -> dict:
+    """Extra launch keywords: ``launch_pdl=True`` when ``on``, nothing otherwise."""
+    return {"launch_pdl": True} if on else {}
 
 
 @triton.jit
