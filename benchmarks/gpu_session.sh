@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6tests|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
-# s6: session 6's calls.
+# s6, s6b, s6tests: session 6's calls.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -78,6 +78,28 @@ if [ "$what" = s6 ]; then
   DSV41_MONO_WARPS=16 b --backend mono --tp 4 --tokens 1,4,16,48 | sed "s/^/mono 16 warps: /"
   DSV41_MONO_WARPS=16 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 \
     | tail -11 | sed "s/^/16 warps: /"
+fi
+if [ "$what" = s6b ]; then
+  # Session 6, call 4: nvidia at M = 1, whole-row GEMV tiles of at most 1 or 5 K steps, PDL
+  # on (the default at M = 1) and off; mono's tables with 16 single-MX-block combine tasks.
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  for st in 1 5; do
+    for pdl in 1 0; do
+      DSV41_GEMV_STEPS=$st DSV41_PDL=$pdl b --backend nvidia --tp 4 --tokens 1 \
+        | sed "s/^/steps $st, PDL $pdl, tp 4: /"
+    done
+    DSV41_GEMV_STEPS=$st b --backend nvidia --tp 2 --tokens 1 | sed "s/^/steps $st, PDL 1, tp 2: /"
+  done
+  b --backend mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_mono_tp4.json" \
+    | sed "s/^/tp 4: /"
+  b --backend mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_mono_tp2.json" | sed "s/^/tp 2: /"
+  timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
+fi
+if [ "$what" = s6tests ]; then
+  # Session 6, call 5: both step test files on the final tree.
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
 fi
 if [ "$what" = pdl ]; then
   # Session 6, call 1: PDL with wq_b's side stream through the nvidia step tests, then the

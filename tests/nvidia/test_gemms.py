@@ -30,6 +30,7 @@ from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mx_gemm import (
     GEMV_MAX_M,
+    GEMV_SPLIT_TILE_BYTES,
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
     GemmConfig,
@@ -193,22 +194,35 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
                 config=GemmConfig(block_m=16, block_n=32, block_k=k, split_k=1))  # fmt: skip
 
 
-def test_small_buckets_take_the_cuda_core_loop(monkeypatch):
-    """Real geometry, tp 4: buckets up to GEMV_MAX_M run the GEMV loop with one weight tile a
-    program; the MMA loop above them and for the fused WO-A prologue."""
+@pytest.mark.parametrize("steps", [1, 5])
+def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps):
+    """Real geometry, tp 4: buckets up to GEMV_MAX_M run the GEMV loop, whole rows a program
+    where they fit a tile in at most ``DSV41_GEMV_STEPS`` K steps, else K split in tiles; the
+    MMA loop above them and for the fused WO-A prologue."""
     monkeypatch.delenv("DSV41_GEMV_MAX_M", raising=False)
+    monkeypatch.setenv("DSV41_GEMV_STEPS", str(steps))
     dims = Dims.of("dsv41-flash", 4)
+    whole = set()
     for name, (n, k, npg, quant) in gemm_shapes(dims).items():
         for m in (1, 2, 8, 16):
             cfg = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=132)
             assert cfg.gemv == (m <= GEMV_MAX_M), (name, m, cfg)
             if cfg.gemv:
                 assert cfg.block_m == m and cfg.block_k * cfg.k_steps * cfg.split_k == k, cfg
-                assert cfg.block_n * cfg.block_k * cfg.k_steps <= GEMV_TILE_BYTES, (name, cfg)
-                # whole rows a program (no split-K sum) unless z's MX cast needs 32-row tiles
-                assert (cfg.split_k == 1) == (not quant), (name, cfg)
+                if cfg.split_k == 1:
+                    whole.add(name)
+                    assert cfg.block_n * k <= GEMV_TILE_BYTES and cfg.k_steps <= steps, cfg
+                else:
+                    assert cfg.k_steps == 1 and cfg.block_n >= (32 if quant else 8), cfg
+                    assert cfg.block_n * cfg.block_k <= GEMV_SPLIT_TILE_BYTES, (name, cfg)
         assert not gemm_config(1, n, k, n_per_group=npg or n, quant_out=quant, sms=132,
                                gemv_ok=False).gemv  # fmt: skip
+    # wo_b's 2048 columns are one K step; Wqkv's 5120 and wq_b's 1280 take 5; wo_a casts z
+    assert whole == ({"wo_b"} if steps == 1 else {"wqkv", "wq_b", "wo_b"})
+    for bad in ("0", "9", "x"):
+        monkeypatch.setenv("DSV41_GEMV_STEPS", bad)
+        with pytest.raises(ValueError, match=f"DSV41_GEMV_STEPS: expected 1 .. 8, got '{bad}'"):
+            gemm_config(1, 64, 256, n_per_group=64, quant_out=False, sms=132)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])

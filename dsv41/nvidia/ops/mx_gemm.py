@@ -68,18 +68,21 @@ BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 # registers (256 spills at 32 tokens on SM90).
 MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
-# The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M: each program loads one
-# weight tile of up to GEMV_TILE_BYTES, all its loads in flight at once and before the PDL
-# wait. Where whole rows fit a tile (and the output needs no whole MX blocks of rows) a
-# program takes whole rows in K_STEPS unrolled steps: no split-K partials, ticket or second
-# pass. H200, tp 4, M = 1 (profile_step.py --sweep, session 6): Wqkv 2 x 5120 6.52 us, wq_b
-# 8 x 1280 7.60, wo_b 8 x 2048 (8 warps) 6.04 against 6.82 / 8.83 / 7.19 for 8 KB tiles split
-# over K; wo_a (32-row tiles for the MXFP8 cast of z) 32 x 512, split 8, 8 warps: 7.21 vs 7.55.
+# The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M; each program's first weight
+# tile is in flight before the PDL wait. Where whole rows of K fit GEMV_TILE_BYTES in at most
+# gemv_max_steps() unrolled K steps, a program takes whole rows: no split-K partials, ticket or
+# second pass. Otherwise tiles of GEMV_SPLIT_TILE_BYTES (>= 8 rows, >= 32 for z's MX cast)
+# split K. H200, tp 4, M = 1, each GEMM alone (profile_step.py --sweep, session 6): whole rows
+# Wqkv 2 x 5 x 1024 6.52 us, wq_b 8 x 5 x 256 7.60, wo_b 8 x 2048 (8 warps) 6.04, against
+# 6.82 / 8.83 / 7.19 split over K. In the step with PDL (session 6) only the first of a
+# program's K steps is loaded before the wait, and whole rows in 5 steps lost that overlap.
 # At M = 2 .. 8 the loop's per-row reductions made it 1.2 to 2.8x slower than the MMA loop.
 GEMV_MAX_M = 1
 GEMV_TILE_BYTES = 16384
+GEMV_SPLIT_TILE_BYTES = 8192
 GEMV_BLOCK_K_MAX = 2048
-GEMV_BLOCK_N_MAX = 64
+GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
+GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS overrides it)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
 
 
@@ -378,24 +381,38 @@ def gemv_max_m() -> int:
     return int(os.environ.get("DSV41_GEMV_MAX_M", GEMV_MAX_M))
 
 
+def gemv_max_steps() -> int:
+    """Unrolled K steps a whole-row GEMV tile may take: ``DSV41_GEMV_STEPS`` (1 .. 8) when set,
+    else ``GEMV_MAX_STEPS``."""
+    raw = os.environ.get("DSV41_GEMV_STEPS", str(GEMV_MAX_STEPS))
+    if raw not in tuple(str(i) for i in range(1, 9)):
+        raise ValueError(f"DSV41_GEMV_STEPS: expected 1 .. 8, got {raw!r}")
+    return int(raw)
+
+
+def _pow2_dividing(k: int, cap: int) -> int:
+    """The largest power of two <= ``cap`` that divides ``k``."""
+    block = cap
+    while k % block:
+        block //= 2
+    return block
+
+
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
-    """A ``BLOCK_N x (K_STEPS x BLOCK_K)`` weight tile of <= ``GEMV_TILE_BYTES`` a program: whole
-    rows in unrolled K steps where they fit (no split-K sum), else ``least`` rows split over K."""
-    least = MX_BLOCK if quant_out else 1  # QUANT_OUT casts whole MX blocks of output rows
-    rows = min(GEMV_BLOCK_N_MAX, GEMV_TILE_BYTES // k)
-    if rows >= least:
+    """Whole rows in <= ``gemv_max_steps()`` unrolled K steps where they fit ``GEMV_TILE_BYTES``
+    (no split-K sum), else ``GEMV_SPLIT_TILE_BYTES`` tiles split over K (module constants)."""
+    block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
+    rows = min(GEMV_BLOCK_N[1], GEMV_TILE_BYTES // k)
+    if not quant_out and rows >= 1 and k // block_k <= gemv_max_steps():
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
-        while n_per_group % block_n:
-            block_n //= 2
-        block_k = GEMV_BLOCK_K_MAX  # the largest power of two <= the cap dividing K (K % 32 == 0)
-        while k % block_k:
-            block_k //= 2
         k_steps, split_k = k // block_k, 1
-    else:
-        block_n, block_k = least, GEMV_BLOCK_K_MAX
-        while k % block_k or block_n * block_k > GEMV_TILE_BYTES:
-            block_k //= 2
+    else:  # QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
+        least = MX_BLOCK if quant_out else GEMV_BLOCK_N[0]
+        block_k = _pow2_dividing(k, GEMV_SPLIT_TILE_BYTES // least)
+        block_n = min(GEMV_BLOCK_N[1], GEMV_SPLIT_TILE_BYTES // block_k)
         k_steps, split_k = 1, k // block_k
+    while n_per_group % block_n:
+        block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps)  # fmt: skip
