@@ -57,7 +57,7 @@ def test_flash_tp4_counts(monkeypatch) -> None:
     plan = Plan(Dims.of("dsv41-flash", 4), 48)
     tasks = {s.name: s.tasks for s in plan.stages}
     assert tasks == {
-        "xq": 20, "wqkv": 224, "norm": 48, "wqb": 512, "attn": 480, "combine": 48 * 16,
+        "xq": 20, "wqkv": 224, "norm": 48, "wqb": 512, "attn": 480, "combine": 192,
         "woa": 64 * 4, "wob": 320,
     }
     assert plan.tiling["BK_GK"] == 4096 // 4 // 4  # a K part of 1024 in K blocks of 256

@@ -418,8 +418,8 @@ def _combine(
     """Dims ``part * DIMS ..`` of token s's 16 heads: merge the chunks, sink gate, inverse RoPE,
     bf16, MXFP8 -> xo (fused O layout).
 
-    Every chunk's (max, sum) and its partial come in one load each (``CHUNKS_P``: CHUNKS padded
-    to a power of two): one round trip, not one a chunk.
+    Every chunk's (max, sum) comes in one load (``CHUNKS_P``: CHUNKS padded to a power of
+    two); each chunk's partial is loaded one chunk ahead of its products.
     """
     DIMS: tl.constexpr = HEAD_DIM // COMBINE_PARTS_
     h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
@@ -431,14 +431,22 @@ def _combine(
     live = (j < CHUNKS)[:, None] & hm[None, :]
     m_all = tl.load(pstat_ptr + rows * 2, mask=live, other=float("-inf"), cache_modifier=".cg")
     l_all = tl.load(pstat_ptr + rows * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
-    parts = tl.load(part_ptr + rows[:, :, None] * HEAD_DIM + d[None, None, :],
-                    mask=live[:, :, None], other=0.0, cache_modifier=".cg")  # fmt: skip
     top = tl.max(m_all, axis=0)
     has_key = top > float("-inf")
     top = tl.where(has_key, top, 0.0)
     w_all = tl.where(m_all > float("-inf"), l_all * tl.exp(m_all - top[None, :]), 0.0)
     norm = tl.sum(w_all, axis=0)
-    o = tl.sum(w_all[:, :, None] * parts, axis=0)
+    o = tl.zeros((HEAD_TILE_, DIMS), tl.float32)
+    row = s * CHUNKS * HEADS_P + h
+    o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None], other=0.0,
+                     cache_modifier=".cg")
+    for c in range(CHUNKS):
+        o_c = o_next
+        row += HEADS_P
+        o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                         mask=hm[:, None] & (c + 1 < CHUNKS), other=0.0, cache_modifier=".cg")
+        w_c = tl.sum(tl.where(j[:, None] == c, w_all, 0.0), axis=0)
+        o += w_c[:, None] * o_c
     o = o / tl.where(has_key, norm, 1.0)[:, None]
     lse = top + tl.log(tl.where(has_key, norm, 1.0))
     sink = tl.load(sink_ptr + h, mask=hm, other=0.0)
