@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6tests|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
-# s6, s6b, s6tests: session 6's calls.
+# s6, s6b, s6tests, s6c: session 6's calls.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -95,6 +95,18 @@ if [ "$what" = s6b ]; then
     | sed "s/^/tp 4: /"
   b --backend mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_mono_tp2.json" | sed "s/^/tp 2: /"
   timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
+fi
+if [ "$what" = s6c ]; then
+  # Session 6, call 6: nvidia at M = 1 with 4-head combine programs (the default now), twice,
+  # and with 16 KB split-K GEMV tiles; then the attention and step tests.
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  for run in 1 2; do b --backend nvidia --tp 4 --tokens 1 | sed "s/^/run $run, tp 4: /"; done
+  DSV41_GEMV_SPLIT_TILE=16384 b --backend nvidia --tp 4 --tokens 1 | sed "s/^/16 KB tiles, tp 4: /"
+  b --backend nvidia --tp 2 --tokens 1 | sed "s/^/tp 2: /"
+  DSV41_GEMV_SPLIT_TILE=16384 b --backend nvidia --tp 2 --tokens 1 | sed "s/^/16 KB tiles, tp 2: /"
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
+    tests/gpu/test_nvidia_step_gpu.py --timeout 300 2>&1 | tail -3
 fi
 if [ "$what" = s6tests ]; then
   # Session 6, call 5: both step test files on the final tree.

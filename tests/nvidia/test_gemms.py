@@ -194,13 +194,14 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
                 config=GemmConfig(block_m=16, block_n=32, block_k=k, split_k=1))  # fmt: skip
 
 
-@pytest.mark.parametrize("steps", [1, 5])
-def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps):
+@pytest.mark.parametrize("steps, tile", [(1, GEMV_SPLIT_TILE_BYTES), (5, 2 * GEMV_SPLIT_TILE_BYTES)])
+def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
     """Real geometry, tp 4: buckets up to GEMV_MAX_M run the GEMV loop, whole rows a program
     where they fit a tile in at most ``DSV41_GEMV_STEPS`` K steps, else K split in tiles; the
     MMA loop above them and for the fused WO-A prologue."""
     monkeypatch.delenv("DSV41_GEMV_MAX_M", raising=False)
     monkeypatch.setenv("DSV41_GEMV_STEPS", str(steps))
+    monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", str(tile))
     dims = Dims.of("dsv41-flash", 4)
     whole = set()
     for name, (n, k, npg, quant) in gemm_shapes(dims).items():
@@ -214,7 +215,7 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps):
                     assert cfg.block_n * k <= GEMV_TILE_BYTES and cfg.k_steps <= steps, cfg
                 else:
                     assert cfg.k_steps == 1 and cfg.block_n >= (32 if quant else 8), cfg
-                    assert cfg.block_n * cfg.block_k <= GEMV_SPLIT_TILE_BYTES, (name, cfg)
+                    assert cfg.block_n * cfg.block_k == tile, (name, cfg)
         assert not gemm_config(1, n, k, n_per_group=npg or n, quant_out=quant, sms=132,
                                gemv_ok=False).gemv  # fmt: skip
     # wo_b's 2048 columns are one K step; Wqkv's 5120 and wq_b's 1280 take 5; wo_a casts z
@@ -223,6 +224,11 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps):
         monkeypatch.setenv("DSV41_GEMV_STEPS", bad)
         with pytest.raises(ValueError, match=f"DSV41_GEMV_STEPS: expected 1 .. 8, got '{bad}'"):
             gemm_config(1, 64, 256, n_per_group=64, quant_out=False, sms=132)
+    monkeypatch.setenv("DSV41_GEMV_STEPS", "1")
+    for bad in ("2048", "12288", "65536", "x"):
+        monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", bad)
+        with pytest.raises(ValueError, match=f"DSV41_GEMV_SPLIT_TILE: expected a power of two .*'{bad}'"):
+            gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])

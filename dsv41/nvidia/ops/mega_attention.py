@@ -19,8 +19,8 @@ records of either format through ``dsv41.common.kv_records_tl``.
 When M is small the key table is split over several programs so the GPU fills
 at M = 1. Each split writes fp32 partials (unnormalised o, running max, sum),
 and a second launch combines them: one program per (token, head tile, 32-dim
-chunk), so the combine reads the partials in parallel rather than through one
-program, and the epilogue (sink, inverse RoPE, bf16, MXFP8 cast, fused-O store)
+chunk, ``COMBINE_HEADS`` heads), so the combine reads the partials in parallel
+rather than through one program, and the epilogue (sink, inverse RoPE, bf16, MXFP8 cast, fused-O store)
 is chunk-local (RoPE pairs and MX blocks never cross a 32-dim chunk). With one
 split the attention program runs the epilogue itself. Neither launch syncs
 with the host or keeps state between calls, so a step can be captured in a
@@ -50,6 +50,8 @@ from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_t
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
 COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, whole RoPE pairs
+COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile and chunk, so
+# the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
 PROGRAMS_PER_SM = 4  # split the keys until the launch has this many programs a SM: each
 # program walks its keys one dependent gather at a time, so more of them hide the latency
 LOG2_E = math.log2(math.e)
@@ -192,26 +194,26 @@ def mega_attention_combine_kernel(
     pos_ptr, sink_ptr, cos_ptr, sin_ptr, xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
     max_pos,
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    CH: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """Dims ``pid(1) * W ..`` of (token, head tile) ``pid(0)``: the splits' partials rescaled to
-    their common max and summed in split order, then the epilogue."""
+    """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
+    splits' partials rescaled to their common max and summed in split order, then the epilogue."""
     pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
     d0 = tl.program_id(1) * W
     token = pid // TILES
-    hh = tl.arange(0, HT)
+    hh = tl.program_id(2) * CH + tl.arange(0, CH)  # heads of the tile
     heads = (pid % TILES) * HT + hh
     head_ok = heads < H
     pos = tl.load(pos_ptr + token).to(tl.int64)
     first = pid.to(tl.int64) * SPLITS
-    m_i = tl.full((HT,), -float("inf"), tl.float32)
+    m_i = tl.full((CH,), -float("inf"), tl.float32)
     for t in tl.static_range(SPLITS):
         m_i = tl.maximum(m_i, tl.load(part_stat_ptr + (first + t) * (2 * HT) + hh))
     m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
-    l_i = tl.zeros((HT,), tl.float32)
-    acc = tl.zeros((HT, W), tl.float32)
+    l_i = tl.zeros((CH,), tl.float32)
+    acc = tl.zeros((CH, W), tl.float32)
     cols = d0 + tl.arange(0, W)
     for t in tl.static_range(SPLITS):
         stat = part_stat_ptr + (first + t) * (2 * HT) + hh
@@ -221,7 +223,7 @@ def mega_attention_combine_kernel(
         acc += w[:, None] * part
     _epilogue_tl(
         acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink_ptr, cos_ptr, sin_ptr,
-        xo_ptr, codes_ptr, lse_ptr, H, G, HT, W,
+        xo_ptr, codes_ptr, lse_ptr, H, G, CH, W,
     )  # fmt: skip
 
 
@@ -358,10 +360,12 @@ def mega_attention(
         num_warps=4, USE_PDL=pdl, **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
-        mega_attention_combine_kernel[(tiles, HEAD_DIM // COMBINE_CHUNK)](
+        grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // COMBINE_HEADS)
+        mega_attention_combine_kernel[grid](
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
             cos.shape[0],
-            H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK, num_warps=4,
+            H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
+            CH=COMBINE_HEADS, num_warps=4,
             USE_PDL=pdl, **pdl_launch_options(pdl),
         )  # fmt: skip
     return xo, xo_codes, lse

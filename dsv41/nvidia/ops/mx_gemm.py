@@ -79,7 +79,7 @@ O_PROLOGUE_BLOCK_K = 128
 # At M = 2 .. 8 the loop's per-row reductions made it 1.2 to 2.8x slower than the MMA loop.
 GEMV_MAX_M = 1
 GEMV_TILE_BYTES = 16384
-GEMV_SPLIT_TILE_BYTES = 8192
+GEMV_SPLIT_TILE_BYTES = 8192  # DSV41_GEMV_SPLIT_TILE overrides it
 GEMV_BLOCK_K_MAX = 2048
 GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
 GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS overrides it)
@@ -390,6 +390,16 @@ def gemv_max_steps() -> int:
     return int(raw)
 
 
+def gemv_split_tile() -> int:
+    """Weight bytes of a split-K GEMV tile: ``DSV41_GEMV_SPLIT_TILE`` (a power of two, 4096 ..
+    32768) when set, else ``GEMV_SPLIT_TILE_BYTES``."""
+    raw = os.environ.get("DSV41_GEMV_SPLIT_TILE", str(GEMV_SPLIT_TILE_BYTES))
+    tile = int(raw) if raw.isdigit() else 0
+    if not (4096 <= tile <= 32768 and tile & (tile - 1) == 0):
+        raise ValueError(f"DSV41_GEMV_SPLIT_TILE: expected a power of two 4096 .. 32768, got {raw!r}")
+    return tile
+
+
 def _pow2_dividing(k: int, cap: int) -> int:
     """The largest power of two <= ``cap`` that divides ``k``."""
     block = cap
@@ -400,16 +410,16 @@ def _pow2_dividing(k: int, cap: int) -> int:
 
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
     """Whole rows in <= ``gemv_max_steps()`` unrolled K steps where they fit ``GEMV_TILE_BYTES``
-    (no split-K sum), else ``GEMV_SPLIT_TILE_BYTES`` tiles split over K (module constants)."""
+    (no split-K sum), else ``gemv_split_tile()`` bytes a tile, split over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
     rows = min(GEMV_BLOCK_N[1], GEMV_TILE_BYTES // k)
     if not quant_out and rows >= 1 and k // block_k <= gemv_max_steps():
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
         k_steps, split_k = k // block_k, 1
     else:  # QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
-        least = MX_BLOCK if quant_out else GEMV_BLOCK_N[0]
-        block_k = _pow2_dividing(k, GEMV_SPLIT_TILE_BYTES // least)
-        block_n = min(GEMV_BLOCK_N[1], GEMV_SPLIT_TILE_BYTES // block_k)
+        least, tile = MX_BLOCK if quant_out else GEMV_BLOCK_N[0], gemv_split_tile()
+        block_k = _pow2_dividing(k, min(GEMV_BLOCK_K_MAX // 2, tile // least))
+        block_n = min(GEMV_BLOCK_N[1], tile // block_k)
         k_steps, split_k = 1, k // block_k
     while n_per_group % block_n:
         block_n //= 2
