@@ -74,8 +74,9 @@ O_PROLOGUE_BLOCK_K = 128
 # second pass. Otherwise tiles of GEMV_SPLIT_TILE_BYTES (>= 8 rows, >= 32 for z's MX cast)
 # split K. H200, tp 4, M = 1, each GEMM alone (profile_step.py --sweep, session 6): whole rows
 # Wqkv 2 x 5 x 1024 6.52 us, wq_b 8 x 5 x 256 7.60, wo_b 8 x 2048 (8 warps) 6.04, against
-# 6.82 / 8.83 / 7.19 split over K. In the step with PDL (session 6) only the first of a
-# program's K steps is loaded before the wait, and whole rows in 5 steps lost that overlap.
+# 6.82 / 8.83 / 7.19 split over K. In the step with PDL only the first of a program's K steps
+# is loaded before the wait: whole rows in up to 5 steps took 42.5 us at M = 1 against 40.5
+# with one step (wo_b only); 16 KB split-K tiles took 40.3 against 38.6 (8 KB).
 # At M = 2 .. 8 the loop's per-row reductions made it 1.2 to 2.8x slower than the MMA loop.
 GEMV_MAX_M = 1
 GEMV_TILE_BYTES = 16384
