@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
-# s6, s6b, s6tests, s6c: session 6's calls.
+# s6, s6b, s6tests, s6c: session 6's calls; next: prepared for session 7.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -112,6 +112,23 @@ if [ "$what" = s6tests ]; then
   # Session 6, call 5: both step test files on the final tree.
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
+fi
+if [ "$what" = next ]; then
+  # Prepared for session 7, not yet run: mono GEMV tasks taking the next ticket while their
+  # first weight blocks are in flight (DSV41_MONO_TICKET_AHEAD=1) against the default, its
+  # trace, the mono GPU tests with it on; then the nvidia tables on today's tree.
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  for ahead in 0 1; do
+    DSV41_MONO_TICKET_AHEAD=$ahead b --backend mono --tp 4 --tokens 1,16,48 \
+      | sed "s/^/ticket ahead $ahead: /"
+  done
+  DSV41_MONO_TICKET_AHEAD=1 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
+    2>&1 | tail -11
+  DSV41_MONO_TICKET_AHEAD=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+    --timeout 500 2>&1 | tail -3
+  b --backend nvidia --tp 4 --tokens 1,2,4,8,16,32,48 | sed "s/^/tp 4: /"
+  b --backend nvidia --tp 2 --tokens 1,16,48 | sed "s/^/tp 2: /"
 fi
 if [ "$what" = pdl ]; then
   # Session 6, call 1: PDL with wq_b's side stream through the nvidia step tests, then the

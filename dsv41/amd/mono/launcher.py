@@ -57,6 +57,16 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def ticket_ahead() -> bool:
+    """Whether a GEMV task takes its program's next ticket while its first weight blocks are in
+    flight (kernel ``TICKET_AHEAD``): ``DSV41_MONO_TICKET_AHEAD`` = 1; off by default until the
+    H200 has timed it."""
+    raw = os.environ.get("DSV41_MONO_TICKET_AHEAD", "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"DSV41_MONO_TICKET_AHEAD: expected 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def num_warps() -> int:
     """Warps of a mono program: ``NUM_WARPS``, or ``DSV41_MONO_WARPS`` (4, 8 or 16) when set."""
     raw = os.environ.get("DSV41_MONO_WARPS", str(NUM_WARPS))
@@ -169,6 +179,7 @@ class MonoRunner:
             WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,
+            TICKET_AHEAD=ticket_ahead(),
             num_warps=num_warps(),
         )
 
