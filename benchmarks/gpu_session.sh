@@ -116,7 +116,8 @@ fi
 if [ "$what" = next ]; then
   # Prepared for session 7, not yet run: mono GEMV tasks taking the next ticket while their
   # first weight blocks are in flight (DSV41_MONO_TICKET_AHEAD=1) against the default, its
-  # trace, the mono GPU tests with it on; then the nvidia tables on today's tree.
+  # trace, the mono GPU tests with it on; the nvidia tables on today's tree; nvidia with
+  # whole-row GEMV tiles padded to one K step (DSV41_GEMV_PAD=1) and its step tests.
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
     2>&1 | grep -E "^(nvidia|mono) "; }
   for ahead in 0 1; do
@@ -129,6 +130,12 @@ if [ "$what" = next ]; then
     --timeout 500 2>&1 | tail -3
   b --backend nvidia --tp 4 --tokens 1,2,4,8,16,32,48 | sed "s/^/tp 4: /"
   b --backend nvidia --tp 2 --tokens 1,16,48 | sed "s/^/tp 2: /"
+  # nvidia: whole-row Wqkv / wq_b tiles as one padded K step (all in flight before the PDL wait)
+  for tp in 4 2; do
+    DSV41_GEMV_PAD=1 b --backend nvidia --tp "$tp" --tokens 1 | sed "s/^/padded, tp $tp: /"
+  done
+  DSV41_GEMV_PAD=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    --timeout 300 2>&1 | tail -3
 fi
 if [ "$what" = pdl ]; then
   # Session 6, call 1: PDL with wq_b's side stream through the nvidia step tests, then the

@@ -22,8 +22,10 @@ from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import (
     E4M3,
+    block_to_row_scales,
     mxfp8_dequantize,
     mxfp8_quantize,
+    quantize_weight_blocks,
 )
 from dsv41.common.reference import mx_linear, rmsnorm, wo_a_grouped
 from dsv41.common.rope import apply_rope, rope_tables
@@ -161,6 +163,34 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m):
     if z8 is not None:
         assert_mx_close(z8, mxfp8_quantize(got))
     assert not scratch.tickets.any()
+
+
+def test_cuda_core_tile_padded_to_a_power_of_two(monkeypatch):
+    """A whole-row CUDA-core tile of 5 MX blocks (K = 160) runs as one step padded to 8 blocks:
+    x cast in the prologue, MXFP8 in, the RMSNorm prologue, each against the reference."""
+    gen = torch.Generator().manual_seed(11)
+    n, k = 64, 160
+    w, block_codes = quantize_weight_blocks(torch.randn(n, k, generator=gen))
+    ws = block_to_row_scales(block_codes)
+    x = x_of(1, k, 90)
+    cfg = GemmConfig(block_m=1, block_n=8, block_k=k, split_k=1, gemv=True)
+    want = mx_linear(mxfp8_quantize(x), w, ws)
+    assert_bf16_close(mx_gemm(x, w, ws, config=cfg), want)
+    assert_bf16_close(mx_gemm(mxfp8_quantize(x), w, ws, config=cfg), want)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).bfloat16()
+    got = mx_gemm(NormInput(x, norm_w, 1e-6), w, ws, config=cfg)
+    assert_bf16_close(got, mx_linear(mxfp8_quantize(rmsnorm(x, norm_w, 1e-6)), w, ws), exact=0.9)
+    with pytest.raises(ValueError, match="config: k_steps and a block_k that is not a power"):
+        mx_gemm(mxfp8_quantize(x), w, ws,
+                config=GemmConfig(block_m=16, block_n=32, block_k=k, split_k=1))  # fmt: skip
+    # DSV41_GEMV_PAD=1: whole rows of Wqkv (5120) and wq_b (1280) as one padded step
+    monkeypatch.setenv("DSV41_GEMV_PAD", "1")
+    for (nn, kk), rows in (((1792, 5120), 2), ((8192, 1280), 8)):
+        c = gemm_config(1, nn, kk, n_per_group=nn, quant_out=False, sms=132)
+        assert (c.block_n, c.block_k, c.k_steps, c.split_k) == (rows, kk, 1, 1), c
+    monkeypatch.setenv("DSV41_GEMV_PAD", "2")
+    with pytest.raises(ValueError, match="DSV41_GEMV_PAD: expected 0 or 1, got '2'"):
+        gemm_config(1, 1792, 5120, n_per_group=1792, quant_out=False, sms=132)
 
 
 def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
