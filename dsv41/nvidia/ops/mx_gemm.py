@@ -29,8 +29,9 @@ operands on the GPU and on fp32 operands under the interpreter (whose bf16
 dot is broken); both accumulate in fp32. Buckets up to ``GEMV_MAX_M`` (one token)
 take a CUDA-core loop instead (``GEMV``): one weight tile a program, loaded
 before the PDL wait, fp32 FMAs, no MMA tile padded to 16 rows (a config may give
-a program ``k_steps`` tiles along K, unrolled: with ``split_k = 1`` no partial
-sums at all; ``profile_step.py --sweep`` times those).
+a program ``k_steps`` tiles along K, unrolled, or one tile whose MX blocks are
+padded to a power of two: with ``split_k = 1`` no partial sums at all;
+``profile_step.py --sweep`` times those).
 """
 
 from __future__ import annotations
