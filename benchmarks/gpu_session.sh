@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|ahead-tests|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
-# s6, s6b, s6tests, s6c: session 6's calls; next: prepared for session 7.
+# s6, s6b, s6tests, s6c: session 6's calls; next, next-tests, ahead-tests: prepared for
+# session 7.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -114,10 +115,11 @@ if [ "$what" = s6tests ]; then
     tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
 fi
 if [ "$what" = next ]; then
-  # Prepared for session 7, not yet run: mono GEMV tasks taking the next ticket while their
-  # first weight blocks are in flight (DSV41_MONO_TICKET_AHEAD=1) against the default, its
-  # trace, the mono GPU tests with it on; the nvidia tables on today's tree; nvidia with
-  # whole-row GEMV tiles padded to one K step (DSV41_GEMV_PAD=1) and its step tests.
+  # Prepared for session 7, not yet run (then `next-tests`): mono GEMV tasks taking the next
+  # ticket while their first weight blocks are in flight (DSV41_MONO_TICKET_AHEAD=1) against
+  # the default, and its trace; the nvidia tables on today's tree (16-B record loads in
+  # attention, 4-head combine programs); nvidia with whole-row Wqkv / wq_b tiles padded to one
+  # K step (DSV41_GEMV_PAD=1).
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
     2>&1 | grep -E "^(nvidia|mono) "; }
   for ahead in 0 1; do
@@ -126,16 +128,24 @@ if [ "$what" = next ]; then
   done
   DSV41_MONO_TICKET_AHEAD=1 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
     2>&1 | tail -11
-  DSV41_MONO_TICKET_AHEAD=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
-    --timeout 500 2>&1 | tail -3
   b --backend nvidia --tp 4 --tokens 1,2,4,8,16,32,48 | sed "s/^/tp 4: /"
   b --backend nvidia --tp 2 --tokens 1,16,48 | sed "s/^/tp 2: /"
-  # nvidia: whole-row Wqkv / wq_b tiles as one padded K step (all in flight before the PDL wait)
   for tp in 4 2; do
     DSV41_GEMV_PAD=1 b --backend nvidia --tp "$tp" --tokens 1 | sed "s/^/padded, tp $tp: /"
   done
+fi
+if [ "$what" = next-tests ]; then
+  # Prepared for session 7: the GPU tests of today's kernels (record loads now 16 B wide in
+  # both backends), nvidia's step with DSV41_GEMV_PAD=1 (about 8 minutes).
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
+    tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tail -2
   DSV41_GEMV_PAD=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
-    --timeout 300 2>&1 | tail -3
+    --timeout 300 2>&1 | tail -2
+fi
+if [ "$what" = ahead-tests ]; then
+  # Prepared for session 7: the mono GPU tests with DSV41_MONO_TICKET_AHEAD=1.
+  DSV41_MONO_TICKET_AHEAD=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+    --timeout 500 2>&1 | tail -2
 fi
 if [ "$what" = pdl ]; then
   # Session 6, call 1: PDL with wq_b's side stream through the nvidia step tests, then the
