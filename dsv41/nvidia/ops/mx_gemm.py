@@ -440,7 +440,7 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
         if padded:
             block_k = k
         k_steps, split_k = k // block_k, 1
-    else:  # QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
+    else:  # split K; QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
         least, tile = MX_BLOCK if quant_out else GEMV_BLOCK_N[0], gemv_split_tile()
         block_k = _pow2_dividing(k, min(GEMV_BLOCK_K_MAX // 2, tile // least))
         block_n = min(GEMV_BLOCK_N[1], tile // block_k)
