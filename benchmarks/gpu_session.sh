@@ -117,9 +117,8 @@ fi
 if [ "$what" = next ]; then
   # Prepared for session 7, not yet run (then `next-tests`): mono GEMV tasks taking the next
   # ticket while their first weight blocks are in flight (DSV41_MONO_TICKET_AHEAD=1) against
-  # the default, and its trace; the nvidia tables on today's tree (16-B record loads in
-  # attention, 4-head combine programs); nvidia with whole-row Wqkv / wq_b tiles padded to one
-  # K step (DSV41_GEMV_PAD=1).
+  # the default, and its trace; the nvidia tables on today's tree (4-head combine programs);
+  # nvidia with whole-row Wqkv / wq_b tiles padded to one K step (DSV41_GEMV_PAD=1).
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
     2>&1 | grep -E "^(nvidia|mono) "; }
   for ahead in 0 1; do
@@ -135,8 +134,8 @@ if [ "$what" = next ]; then
   done
 fi
 if [ "$what" = next-tests ]; then
-  # Prepared for session 7: the GPU tests of today's kernels (record loads now 16 B wide in
-  # both backends), nvidia's step with DSV41_GEMV_PAD=1 (about 8 minutes).
+  # Prepared for session 7: the attention and mono GPU tests of today's tree, nvidia's step
+  # with DSV41_GEMV_PAD=1 (about 8 minutes).
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
     tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tail -2
   DSV41_GEMV_PAD=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \

@@ -71,21 +71,15 @@ def decode_entries_tl(entries, window_slots, compressed_slots):
 
 @triton.jit
 def record_offsets_tl(slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
-    """int64 byte offsets ``(data row, scale codes)`` of each slot's record in its cache.
-
-    A data row starts 16-B aligned in the cache (584-B records in pages of an even number of
-    them, 576-B data rows; or 528-B records), and the offsets say so, so a row is read in
-    16-B loads rather than one byte or one bf16 at a time."""
+    """int64 byte offsets ``(data row, scale codes)`` of each slot's record in its cache."""
     slots = slots.to(tl.int64)
     if FMT == FMT_DS_MLA:
         page_base = (slots // BLOCK_TOKENS) * (BLOCK_TOKENS * _DS_MLA_RECORD)
         row = slots % BLOCK_TOKENS
         data = page_base + row * _DS_MLA_DATA
         codes = page_base + BLOCK_TOKENS * _DS_MLA_DATA + row * _DS_MLA_SCALE_ROW
-        if BLOCK_TOKENS % 2 == 0:  # 584 * an even count and 576 are multiples of 16
-            data = tl.multiple_of(data, 16)
     else:
-        data = tl.multiple_of(slots * _MX_RECORD, 16)  # 528 = 33 * 16
+        data = slots * _MX_RECORD
         codes = data + _KV_DIM
     return data, codes
 
