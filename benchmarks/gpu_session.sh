@@ -118,7 +118,8 @@ if [ "$what" = next ]; then
   # Prepared for session 7, not yet run (then `next-tests`): mono GEMV tasks taking the next
   # ticket while their first weight blocks are in flight (DSV41_MONO_TICKET_AHEAD=1) against
   # the default, and its trace; the nvidia tables on today's tree (4-head combine programs);
-  # nvidia with whole-row Wqkv / wq_b tiles padded to one K step (DSV41_GEMV_PAD=1).
+  # nvidia with whole-row Wqkv / wq_b tiles padded to one K step (DSV41_GEMV_PAD=1), and with
+  # one-block attention splits reading their keys before the PDL wait (DSV41_ATTN_EARLY=1).
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
     2>&1 | grep -E "^(nvidia|mono) "; }
   for ahead in 0 1; do
@@ -131,15 +132,16 @@ if [ "$what" = next ]; then
   b --backend nvidia --tp 2 --tokens 1,16,48 | sed "s/^/tp 2: /"
   for tp in 4 2; do
     DSV41_GEMV_PAD=1 b --backend nvidia --tp "$tp" --tokens 1 | sed "s/^/padded, tp $tp: /"
+    DSV41_ATTN_EARLY=1 b --backend nvidia --tp "$tp" --tokens 1 | sed "s/^/early keys, tp $tp: /"
   done
 fi
 if [ "$what" = next-tests ]; then
   # Prepared for session 7: the attention and mono GPU tests of today's tree, nvidia's step
-  # with DSV41_GEMV_PAD=1 (about 8 minutes).
+  # with DSV41_GEMV_PAD=1 and DSV41_ATTN_EARLY=1 (about 8 minutes).
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
     tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tail -2
-  DSV41_GEMV_PAD=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
-    --timeout 300 2>&1 | tail -2
+  DSV41_GEMV_PAD=1 DSV41_ATTN_EARLY=1 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py --timeout 300 2>&1 | tail -2
 fi
 if [ "$what" = ahead-tests ]; then
   # Prepared for session 7: the mono GPU tests with DSV41_MONO_TICKET_AHEAD=1.

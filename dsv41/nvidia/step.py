@@ -130,8 +130,9 @@ def launch_step(
             eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=out.qr8,
         )  # fmt: skip
 
+    side = None  # the side stream the norm kernel ran on, if any
     if norm_in_wq_b(layer, x.shape[0], x.device):
-        main = side = None
+        main = None
         if x.is_cuda:
             main = torch.cuda.current_stream(x.device)
             if x.device not in _SIDE_STREAMS:
@@ -166,6 +167,7 @@ def launch_step(
         softmax_scale=model.softmax_scale,
         heads_per_group=model.heads_per_group,
         splits=splits,
+        records_ready=side is not None,  # the insert joined by an event, not a PDL edge
     )
     mx_gemm(
         (xo, xo_codes),

@@ -20,7 +20,7 @@ from dsv41.common.reference import attention_core, mx_linear, reference_step
 from dsv41.common.rope import apply_inverse_rope, rope_tables
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.mega_attention import mega_attention
+from dsv41.nvidia.ops.mega_attention import KEY_BLOCK, mega_attention
 
 FORMATS = ("fp8_ds_mla", "fp8_mx")
 WINDOW_LAYER, COMPRESSED_LAYER = 0, 1  # tiny: compress ratios [0, 1, 2]
@@ -131,6 +131,36 @@ def test_splits_agree(splits):
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_mx")
     want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
     _assert_matches(_run(layer, sc, q_fused, splits=splits), want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_early_keys_give_the_same_bits(fmt, monkeypatch):
+    """Splits of one key block reading their keys before the PDL wait (``DSV41_ATTN_EARLY=1``
+    with the caches ready) give the bits of the default order; any other split count or caches
+    not ready run the default order."""
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, fmt)
+    m = layer.dims.model
+    cos, sin = rope_tables(m, layer.layer_id)
+    blocks = -(-sc.key_table.shape[1] // KEY_BLOCK)
+
+    def run(splits, ready):
+        return mega_attention(
+            q_fused, sc.positions, sc.key_table, sc.window_cache, sc.compressed_cache,
+            layer.attn_sink, cos, sin, softmax_scale=m.softmax_scale,
+            heads_per_group=m.heads_per_group, splits=splits, records_ready=ready,
+        )  # fmt: skip
+
+    default = run(blocks, False)
+    monkeypatch.setenv("DSV41_ATTN_EARLY", "1")
+    for got, want in zip(run(blocks, True), default):
+        assert torch.equal(got, want)
+    _assert_matches(_run(layer, sc, q_fused, splits=blocks),
+                    (*_fused(seams.xo, m.heads_per_group), seams.lse))  # fmt: skip
+    for got, want in zip(run(2, True), run(2, False)):  # two blocks a split: not early
+        assert torch.equal(got, want)
+    monkeypatch.setenv("DSV41_ATTN_EARLY", "yes")
+    with pytest.raises(ValueError, match="DSV41_ATTN_EARLY: expected 0 or 1, got 'yes'"):
+        run(blocks, True)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

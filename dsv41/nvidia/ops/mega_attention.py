@@ -33,6 +33,7 @@ is broken) uses fp32 operands.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -112,6 +113,21 @@ def _epilogue_tl(
     tl.store(lse_ptr + token * H + heads, lse, mask=lse_ok)
 
 
+@triton.jit
+def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
+                  KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
+                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
+    kk = k0 + tl.arange(0, BK)
+    entries = tl.load(table_row + kk, mask=kk < KEYS, other=-1)
+    is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
+    win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
+    comp_data, comp_codes = record_offsets_tl(slots, COMP_BLOCK, FMT)
+    data_ptrs = tl.where(is_comp, comp_ptr + comp_data, win_ptr + win_data)
+    code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
+    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
+
+
 @triton.jit(do_not_specialize=["window_slots", "compressed_slots", "max_pos"])
 def mega_attention_kernel(
     q_ptr, pos_ptr, table_ptr, win_ptr, comp_ptr, sink_ptr, cos_ptr, sin_ptr,
@@ -120,11 +136,15 @@ def mega_attention_kernel(
     H: tl.constexpr, G: tl.constexpr, KEYS: tl.constexpr, FMT: tl.constexpr,
     WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
-    the finished xo (one split) or fp32 partials for the combine."""
-    pdl_prologue_tl(USE_PDL)
+    the finished xo (one split) or fp32 partials for the combine.
+
+    ``EARLY`` (a split of one key block whose records no kernel still running writes): the
+    block is read before the PDL wait, so only q's read waits for wq_b."""
+    if not EARLY:
+        pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -133,6 +153,12 @@ def mega_attention_kernel(
     head_ok = heads < H
     d = tl.arange(0, _HEAD_DIM)
     pos = tl.load(pos_ptr + token).to(tl.int64)
+    if EARLY:
+        tl.static_assert(KEYS_PER_SPLIT == BK, "an early split is one key block")
+        k_early, valid_early = _key_block_tl(table_ptr + token.to(tl.int64) * KEYS, split * BK,
+                                             win_ptr, comp_ptr, window_slots, compressed_slots,
+                                             KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK)  # fmt: skip
+        pdl_prologue_tl(USE_PDL)
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
@@ -147,14 +173,11 @@ def mega_attention_kernel(
     acc = tl.zeros((HT, _HEAD_DIM), tl.float32)
     table_row = table_ptr + token.to(tl.int64) * KEYS
     for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
-        kk = k0 + tl.arange(0, BK)
-        entries = tl.load(table_row + kk, mask=kk < KEYS, other=-1)
-        is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
-        win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
-        comp_data, comp_codes = record_offsets_tl(slots, COMP_BLOCK, FMT)
-        data_ptrs = tl.where(is_comp, comp_ptr + comp_data, win_ptr + win_data)
-        code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
-        k = load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK)
+        if EARLY:
+            k, valid = k_early, valid_early
+        else:
+            k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
+                                     compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK)
         if DOT_BF16:
             k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
             s = tl.dot(q, tl.trans(k))
@@ -228,6 +251,15 @@ def mega_attention_combine_kernel(
     )  # fmt: skip
 
 
+def early_keys() -> bool:
+    """``DSV41_ATTN_EARLY=1``: a one-block split whose caches are ready reads its keys before the
+    PDL wait (off until the H200 has timed it)."""
+    raw = os.environ.get("DSV41_ATTN_EARLY", "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"DSV41_ATTN_EARLY: expected 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def attention_splits(tokens: int, heads: int, keys: int, sms: int) -> tuple[int, int]:
     """``(splits, keys_per_split)``: split the keys (in ``KEY_BLOCK`` steps) until the attention
     launch has ``PROGRAMS_PER_SM`` programs a SM (1 split once the tokens alone fill the GPU)."""
@@ -269,6 +301,7 @@ def mega_attention(
     softmax_scale: float,
     heads_per_group: int = 8,
     splits: int | None = None,
+    records_ready: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -285,6 +318,10 @@ def mega_attention(
     - ``cos`` / ``sin`` fp32 ``[max_position, 32]``: the layer's RoPE tables;
     - ``splits``: key-table splits (whole blocks of 16 keys, so at most this many) a (token, head
       tile) uses; None picks enough to fill the GPU.
+    - ``records_ready``: no kernel that may still run when this launch starts writes the
+      caches (the caller ordered the record insert before it with a full stream dependency);
+      with ``DSV41_ATTN_EARLY=1`` a split of one key block then reads its keys before the
+      PDL wait (``early_keys``).
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -358,6 +395,7 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
+        EARLY=records_ready and keys_per_split == KEY_BLOCK and early_keys(),
         num_warps=4, USE_PDL=pdl, **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:

@@ -234,7 +234,7 @@ def mx_gemm_kernel(
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     K_STEPS: tl.constexpr = 1,
-    BLOCKS_P: tl.constexpr = 1,
+    BLOCKS_P: tl.constexpr = 0,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
@@ -251,9 +251,11 @@ def mx_gemm_kernel(
     if GEMV:  # the first weight tile is loaded before the PDL wait: no step writes weights
         tl.static_assert(BLOCK_K * K_STEPS == K_SPLIT,
                          "the CUDA-core loop takes K_STEPS whole K steps a program")
-        BLOCKS: tl.constexpr = BLOCK_K // _MX  # a power of two, or padded to BLOCKS_P
+        BLOCKS: tl.constexpr = BLOCK_K // _MX
+        # the tile's MX blocks padded to a power of two (BLOCKS_P; 0: BLOCKS is one)
+        BP: tl.constexpr = BLOCKS_P + (BLOCKS_P == 0) * BLOCKS
         w8, wc, col, live = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS,
-                                       BLOCKS_P)  # fmt: skip
+                                       BP)  # fmt: skip
     pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GEMV:
@@ -271,16 +273,16 @@ def mx_gemm_kernel(
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
         if LANES:
-            lanes = tl.zeros((BLOCK_N, BLOCKS_P, _MX), dtype=tl.float32)
+            lanes = tl.zeros((BLOCK_N, BP, _MX), dtype=tl.float32)
         for step in tl.static_range(K_STEPS):
             k0 = pid_k * K_SPLIT + step * BLOCK_K
             if step > 0:
                 w8, wc, col, live = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS,
-                                               BLOCKS_P)  # fmt: skip
+                                               BP)  # fmt: skip
             ws = e8m0_scale_tl(wc.to(tl.int32))
             if LANES:
                 a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, tl.minimum(pid_m, M - 1), stride_am,
-                              stride_acm, group, k0, col, live, tl.sum(rms), K, BLOCKS_P,
+                              stride_acm, group, k0, col, live, tl.sum(rms), K, BP,
                               A_MODE)  # fmt: skip
                 lanes += w8.to(tl.float32) * a[None, :, :] * ws[:, :, None]
             else:
@@ -289,7 +291,7 @@ def mx_gemm_kernel(
                     row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
                     a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group,
                                   k0, col, live, tl.sum(tl.where(token == r, rms, 0.0)), K,
-                                  BLOCKS_P, A_MODE)  # fmt: skip
+                                  BP, A_MODE)  # fmt: skip
                     dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
                     acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
         if LANES:
