@@ -19,11 +19,11 @@ launch is read with ``.cg`` loads, and only after every producer of each
 A GEMV task loads its first two weight blocks (three on CUDA cores) before
 it waits on its activations and keeps loading that many blocks ahead of its
 multiplies, so weight streaming overlaps the hand-off latency (with
-``TICKET_AHEAD`` it also takes its program's next ticket while they load). MXFP8 operands
-are dequantized exactly (e4m3 times a power of two fits bf16) and multiplied on
-bf16 tensor cores with fp32 accumulation (with ``EXACT``, the interpreter, whose
-bf16 ``tl.dot`` is broken, in fp32), or up to ``plan.CORES_TOKENS`` tokens on
-CUDA cores.
+``TICKET_AHEAD`` it also takes its program's next ticket while they load).
+MXFP8 operands are dequantized exactly (e4m3 times a power of two fits bf16) and
+multiplied on bf16 tensor cores with fp32 accumulation (with ``EXACT``, the
+interpreter, whose bf16 ``tl.dot`` is broken, in fp32), or up to
+``plan.CORES_TOKENS`` tokens on CUDA cores.
 """
 
 from __future__ import annotations
