@@ -41,6 +41,7 @@ from dsv41.common.fused_layout import permute_q_from_fused
 from dsv41.common.kv_cache import FP8_DS_MLA, PagedKVCache, validate_key_table
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
+from dsv41.common.switches import env_flag, env_int
 from dsv41.common.weights import LayerWeights
 
 INTERPRETER_PROGRAMS = 4  # programs of the persistent grid under the Triton interpreter
@@ -61,18 +62,12 @@ def ticket_ahead() -> bool:
     """Whether a GEMV task takes its program's next ticket while its first weight blocks are in
     flight (kernel ``TICKET_AHEAD``): ``DSV41_MONO_TICKET_AHEAD`` = 1; off by default until the
     H200 has timed it."""
-    raw = os.environ.get("DSV41_MONO_TICKET_AHEAD", "0")
-    if raw not in ("0", "1"):
-        raise ValueError(f"DSV41_MONO_TICKET_AHEAD: expected 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_flag("DSV41_MONO_TICKET_AHEAD", False)
 
 
 def num_warps() -> int:
     """Warps of a mono program: ``NUM_WARPS``, or ``DSV41_MONO_WARPS`` (4, 8 or 16) when set."""
-    raw = os.environ.get("DSV41_MONO_WARPS", str(NUM_WARPS))
-    if raw not in ("4", "8", "16"):
-        raise ValueError(f"DSV41_MONO_WARPS: expected 4, 8 or 16, got {raw!r}")
-    return int(raw)
+    return env_int("DSV41_MONO_WARPS", NUM_WARPS, lambda v: v in (4, 8, 16), "4, 8 or 16")
 
 
 _SHARED_SCRATCH: dict[tuple, torch.Tensor] = {}

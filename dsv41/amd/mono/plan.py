@@ -75,12 +75,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import torch
 
 from dsv41.common.geometry import HEAD_TILE, Dims
 from dsv41.common.mx import MX_BLOCK
+from dsv41.common.switches import env_int
 
 MONO_TP = (2, 4)  # ranks the mono kernel is built for
 MAX_TOKENS = 48  # decode tokens a step at most
@@ -123,24 +123,19 @@ PARTIAL_DTYPE = torch.float32
 def gemv_block(tokens: int) -> int:
     """``GEMV_BLOCK_FEW`` for up to ``FEW_TOKENS`` tokens, ``GEMV_BLOCK`` above, or
     ``DSV41_MONO_GEMV_BLOCK`` (a power of two, 32 .. 1024) when set."""
-    raw = os.environ.get("DSV41_MONO_GEMV_BLOCK")
-    if raw is None:
+    block = env_int("DSV41_MONO_GEMV_BLOCK", None, lambda v: 32 <= v <= 1024 and v & (v - 1) == 0,
+                    "a power of two in 32..1024")  # fmt: skip
+    if block is None:
         return GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK
-    block = int(raw) if raw.isdigit() else 0
-    if not (32 <= block <= 1024 and block & (block - 1) == 0):
-        raise ValueError(f"DSV41_MONO_GEMV_BLOCK: expected a power of two in 32..1024, got {raw!r}")
     return block
 
 
 def gemv_on_cores(tokens: int) -> bool:
     """Whether a step of ``tokens`` tokens multiplies its GEMV blocks on CUDA cores: up to
     ``CORES_TOKENS`` tokens, or up to ``DSV41_MONO_GEMV_CORES`` when set (0: never)."""
-    raw = os.environ.get("DSV41_MONO_GEMV_CORES", str(CORES_TOKENS))
-    if not raw.isdigit() or int(raw) > MAX_TOKENS:
-        raise ValueError(
-            f"DSV41_MONO_GEMV_CORES: expected a token count 0..{MAX_TOKENS}, got {raw!r}"
-        )
-    return tokens <= int(raw)
+    most = env_int("DSV41_MONO_GEMV_CORES", CORES_TOKENS, lambda v: v <= MAX_TOKENS,
+                   f"a token count 0..{MAX_TOKENS}")  # fmt: skip
+    return tokens <= most
 
 
 def k_block(k: int, tokens: int) -> int:
@@ -219,10 +214,8 @@ class Plan:
     def __post_init__(self):
         m = self.dims.model
         if self.woa_parts == 0:
-            raw = os.environ.get("DSV41_MONO_WOA_PARTS", str(WOA_K_PARTS))
-            if not raw.isdigit():
-                raise ValueError(f"DSV41_MONO_WOA_PARTS: expected a part count, got {raw!r}")
-            object.__setattr__(self, "woa_parts", int(raw))
+            parts = env_int("DSV41_MONO_WOA_PARTS", WOA_K_PARTS, lambda v: True, "a part count")
+            object.__setattr__(self, "woa_parts", parts)
         parts = self.woa_parts
         if parts not in (1, 2, 4, 8) or self.dims.group_k % (parts * MX_BLOCK):
             raise ValueError(
@@ -246,10 +239,7 @@ class Plan:
                 f"got {self.capacity}"
             )
         if self.key_chunk == 0:
-            raw = os.environ.get("DSV41_MONO_KEY_CHUNK", str(KEY_CHUNK))
-            if not raw.isdigit():
-                raise ValueError(f"DSV41_MONO_KEY_CHUNK: expected a key count, got {raw!r}")
-            chunk = int(raw)
+            chunk = env_int("DSV41_MONO_KEY_CHUNK", KEY_CHUNK, lambda v: True, "a key count")
             object.__setattr__(self, "key_chunk", min(chunk, m.keys // 2))
         kc = self.key_chunk
         if kc < KEY_SLICE or kc & (kc - 1) or m.keys % kc:

@@ -33,7 +33,6 @@ is broken) uses fp32 operands.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -45,6 +44,7 @@ from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import decode_entries_tl, fmt_id, load_records_tl, record_offsets_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
+from dsv41.common.switches import env_flag
 from dsv41.nvidia.ops.mx_gemm import interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
@@ -254,10 +254,7 @@ def mega_attention_combine_kernel(
 def early_keys() -> bool:
     """``DSV41_ATTN_EARLY=1``: a one-block split whose caches are ready reads its keys before the
     PDL wait (off until the H200 has timed it)."""
-    raw = os.environ.get("DSV41_ATTN_EARLY", "0")
-    if raw not in ("0", "1"):
-        raise ValueError(f"DSV41_ATTN_EARLY: expected 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_flag("DSV41_ATTN_EARLY", False)
 
 
 def attention_splits(tokens: int, heads: int, keys: int, sms: int) -> tuple[int, int]:

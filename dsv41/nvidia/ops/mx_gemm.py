@@ -53,6 +53,7 @@ from dsv41.common.mx import (
 )
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
+from dsv41.common.switches import env_flag, env_int
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
@@ -397,30 +398,22 @@ def gemv_max_m() -> int:
 def gemv_max_steps() -> int:
     """Unrolled K steps a whole-row GEMV tile may take: ``DSV41_GEMV_STEPS`` (1 .. 8) when set,
     else ``GEMV_MAX_STEPS``."""
-    raw = os.environ.get("DSV41_GEMV_STEPS", str(GEMV_MAX_STEPS))
-    if raw not in tuple(str(i) for i in range(1, 9)):
-        raise ValueError(f"DSV41_GEMV_STEPS: expected 1 .. 8, got {raw!r}")
-    return int(raw)
+    return env_int("DSV41_GEMV_STEPS", GEMV_MAX_STEPS, lambda v: 1 <= v <= 8, "1 .. 8")
 
 
 def gemv_padded() -> bool:
     """Whether a whole-row GEMV tile is one K step padded to a power of two of MX blocks
     (``DSV41_GEMV_PAD=1``: every weight byte of the program in flight before the PDL wait)
     rather than unrolled power-of-two steps; off until the H200 has timed it."""
-    raw = os.environ.get("DSV41_GEMV_PAD", "0")
-    if raw not in ("0", "1"):
-        raise ValueError(f"DSV41_GEMV_PAD: expected 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_flag("DSV41_GEMV_PAD", False)
 
 
 def gemv_split_tile() -> int:
     """Weight bytes of a split-K GEMV tile: ``DSV41_GEMV_SPLIT_TILE`` (a power of two, 4096 ..
     32768) when set, else ``GEMV_SPLIT_TILE_BYTES``."""
-    raw = os.environ.get("DSV41_GEMV_SPLIT_TILE", str(GEMV_SPLIT_TILE_BYTES))
-    tile = int(raw) if raw.isdigit() else 0
-    if not (4096 <= tile <= 32768 and tile & (tile - 1) == 0):
-        raise ValueError(f"DSV41_GEMV_SPLIT_TILE: expected a power of two 4096 .. 32768, got {raw!r}")
-    return tile
+    return env_int("DSV41_GEMV_SPLIT_TILE", GEMV_SPLIT_TILE_BYTES,
+                   lambda v: 4096 <= v <= 32768 and v & (v - 1) == 0,
+                   "a power of two 4096 .. 32768")  # fmt: skip
 
 
 def _pow2_dividing(k: int, cap: int) -> int:

@@ -22,18 +22,18 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from dsv41.common.switches import env_flag
+
 PDL_MAX_TOKENS = 1
 
 
 def pdl_enabled(tokens: int) -> bool:
     """Whether a launch for ``tokens`` tokens uses PDL: ``DSV41_PDL`` when set (1 or 0), else
     ``tokens <= PDL_MAX_TOKENS``; never under the interpreter (no grid dependency control)."""
-    raw = os.environ.get("DSV41_PDL")
-    if raw is not None and raw not in ("0", "1"):
-        raise ValueError(f"DSV41_PDL: expected 0 or 1, got {raw!r}")
+    forced = env_flag("DSV41_PDL", None)
     if os.environ.get("TRITON_INTERPRET") == "1":
         return False
-    return tokens <= PDL_MAX_TOKENS if raw is None else raw == "1"
+    return tokens <= PDL_MAX_TOKENS if forced is None else forced
 
 
 def pdl_launch_options(on: bool) -> dict:
