@@ -71,15 +71,21 @@ def decode_entries_tl(entries, window_slots, compressed_slots):
 
 @triton.jit
 def record_offsets_tl(slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
-    """int64 byte offsets ``(data row, scale codes)`` of each slot's record in its cache."""
+    """int64 byte offsets ``(data row, scale codes)`` of each slot's record in its cache.
+
+    A data row starts 16-B aligned in the cache (584-B records in pages of an even number of
+    them, 576-B data rows; or 528-B records), and the offsets say so, so a row is read in
+    16-B loads rather than one byte or one bf16 at a time."""
     slots = slots.to(tl.int64)
     if FMT == FMT_DS_MLA:
         page_base = (slots // BLOCK_TOKENS) * (BLOCK_TOKENS * _DS_MLA_RECORD)
         row = slots % BLOCK_TOKENS
         data = page_base + row * _DS_MLA_DATA
         codes = page_base + BLOCK_TOKENS * _DS_MLA_DATA + row * _DS_MLA_SCALE_ROW
+        if BLOCK_TOKENS % 2 == 0:  # 584 * an even count and 576 are multiples of 16
+            data = tl.multiple_of(data, 16)
     else:
-        data = slots * _MX_RECORD
+        data = tl.multiple_of(slots * _MX_RECORD, 16)  # 528 = 33 * 16
         codes = data + _KV_DIM
     return data, codes
 

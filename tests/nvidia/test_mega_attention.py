@@ -14,13 +14,13 @@ import torch
 
 from dsv41.common.fused_layout import permute_o_to_fused
 from dsv41.common.geometry import Dims
-from dsv41.common.kv_cache import COMPRESSED_FLAG, NONE, gather_keys
+from dsv41.common.kv_cache import COMPRESSED_FLAG, NONE, PagedKVCache, gather_keys
 from dsv41.common.mx import e8m0_scale, mxfp8_dequantize, mxfp8_quantize
 from dsv41.common.reference import attention_core, mx_linear, reference_step
 from dsv41.common.rope import apply_inverse_rope, rope_tables
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.mega_attention import KEY_BLOCK, mega_attention
+from dsv41.nvidia.ops.mega_attention import KEY_BLOCK, _rows_aligned, mega_attention
 
 FORMATS = ("fp8_ds_mla", "fp8_mx")
 WINDOW_LAYER, COMPRESSED_LAYER = 0, 1  # tiny: compress ratios [0, 1, 2]
@@ -234,3 +234,15 @@ def test_bad_arguments_are_named():
         call(compressed_cache=other)
     with pytest.raises(ValueError, match="splits: expected"):
         mega_attention(**args, softmax_scale=m.softmax_scale, splits=0)
+
+
+def test_rows_aligned_needs_aligned_bases_and_even_ds_mla_pages() -> None:
+    """The 16-B row hint holds for 16-B aligned caches with ds_mla pages of an even number of
+    records (584 B each) or any fp8_mx page (528-B records), and only then."""
+    even, odd = PagedKVCache(2, 16, "fp8_ds_mla"), PagedKVCache(2, 3, "fp8_ds_mla")
+    mx_odd = PagedKVCache(2, 3, "fp8_mx")
+    assert _rows_aligned(even) and _rows_aligned(mx_odd) and _rows_aligned(even, mx_odd)
+    assert not _rows_aligned(odd) and not _rows_aligned(even, odd)
+    shifted = PagedKVCache(2, 16, "fp8_ds_mla")
+    shifted.data = torch.zeros(2 * 16 * 584 + 8, dtype=torch.uint8)[8:].view(2, 16 * 584)
+    assert not _rows_aligned(shifted)

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE
-from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
+from dsv41.common.kv_cache import FP8_DS_MLA, KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import decode_entries_tl, fmt_id, load_records_tl, record_offsets_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
@@ -54,6 +54,7 @@ COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, who
 COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile and chunk, so
 # the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
 # (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16-head programs)
+ROW_ALIGN = 16  # bytes: the alignment of a record's data row that lets it load in 16-B pieces
 PROGRAMS_PER_SM = 4  # split the keys until the launch has this many programs a SM: each
 # program walks its keys one dependent gather at a time, so more of them hide the latency
 LOG2_E = math.log2(math.e)
@@ -116,7 +117,8 @@ def _epilogue_tl(
 @triton.jit
 def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
                   KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
-                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
+                  ALIGNED: tl.constexpr):  # fmt: skip
     """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
     kk = k0 + tl.arange(0, BK)
     entries = tl.load(table_row + kk, mask=kk < KEYS, other=-1)
@@ -124,6 +126,8 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
     win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
     comp_data, comp_codes = record_offsets_tl(slots, COMP_BLOCK, FMT)
     data_ptrs = tl.where(is_comp, comp_ptr + comp_data, win_ptr + win_data)
+    if ALIGNED:  # every data row starts 16-B aligned in both caches: 16-B loads
+        data_ptrs = tl.multiple_of(data_ptrs, 16)
     code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
     return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
 
@@ -136,7 +140,7 @@ def mega_attention_kernel(
     H: tl.constexpr, G: tl.constexpr, KEYS: tl.constexpr, FMT: tl.constexpr,
     WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
-    USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -157,7 +161,8 @@ def mega_attention_kernel(
         tl.static_assert(KEYS_PER_SPLIT == BK, "an early split is one key block")
         k_early, valid_early = _key_block_tl(table_ptr + token.to(tl.int64) * KEYS, split * BK,
                                              win_ptr, comp_ptr, window_slots, compressed_slots,
-                                             KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK)  # fmt: skip
+                                             KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                             ALIGNED)  # fmt: skip
         pdl_prologue_tl(USE_PDL)
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
@@ -177,7 +182,8 @@ def mega_attention_kernel(
             k, valid = k_early, valid_early
         else:
             k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
-                                     compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK)
+                                     compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                     ALIGNED)  # fmt: skip
         if DOT_BF16:
             k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
             s = tl.dot(q, tl.trans(k))
@@ -270,6 +276,15 @@ def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
     """``wanted`` splits of the key table in whole key blocks -> ``(splits, keys_per_split)``."""
     keys_per_split = max(1, -(-keys // (wanted * KEY_BLOCK))) * KEY_BLOCK
     return max(1, -(-keys // keys_per_split)), keys_per_split
+
+
+def _rows_aligned(*caches: PagedKVCache) -> bool:
+    """Whether every record's data row starts 16-B aligned in these caches (their base
+    addresses, and the row offsets ``record_offsets_tl`` states for their format and page size)."""
+    return all(
+        c.data.data_ptr() % ROW_ALIGN == 0 and (c.fmt != FP8_DS_MLA or c.block % 2 == 0)
+        for c in caches
+    )
 
 
 def _check(
@@ -393,7 +408,8 @@ def mega_attention(
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
         EARLY=records_ready and keys_per_split == KEY_BLOCK and early_keys(),
-        num_warps=4, USE_PDL=pdl, **pdl_launch_options(pdl),
+        num_warps=4, USE_PDL=pdl, ALIGNED=_rows_aligned(window_cache, comp),
+        **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // COMBINE_HEADS)
