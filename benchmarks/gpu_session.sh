@@ -189,6 +189,8 @@ if [ "$what" = s7 ]; then
   b --backend nvidia --tp 4 --tokens 2,4,8,16,32,48 --json "$OUT/bench_tp4.json" | sed "s/^/tp 4: /"
   DSV41_L2_PREFETCH=0 b --backend nvidia --tp 4 --tokens 16,48 | sed "s/^/prefetch 0, tp 4: /"
   b --backend mono --tp 4 --tokens 2,4,8,32 | sed "s/^/tp 4: /"
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mono_gpu.py \
+    -k "nvidia_step or prefetch" --timeout 300 2>&1 | tail -3
 fi
 if [ "$what" = s7-tests ]; then
   # Session 7: the step tests of both backends with the L2 prefetch on (the default), and

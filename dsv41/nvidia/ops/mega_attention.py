@@ -258,9 +258,10 @@ def mega_attention_combine_kernel(
 
 
 def early_keys() -> bool:
-    """``DSV41_ATTN_EARLY=1``: a one-block split whose caches are ready reads its keys before the
-    PDL wait (off until the H200 has timed it)."""
-    return env_flag("DSV41_ATTN_EARLY", False)
+    """Whether a one-block split whose caches are ready reads its keys before the PDL wait:
+    ``DSV41_ATTN_EARLY`` (1 or 0), on by default (H200, session 7, tp 4 / tp 2, M = 1:
+    37.6 / 55.8 us against 38.4 / 56.9 without)."""
+    return env_flag("DSV41_ATTN_EARLY", True)
 
 
 def attention_splits(tokens: int, heads: int, keys: int, sms: int) -> tuple[int, int]:
@@ -332,7 +333,7 @@ def mega_attention(
       tile) uses; None picks enough to fill the GPU.
     - ``records_ready``: no kernel that may still run when this launch starts writes the
       caches (the caller ordered the record insert before it with a full stream dependency);
-      with ``DSV41_ATTN_EARLY=1`` a split of one key block then reads its keys before the
+      by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
       PDL wait (``early_keys``).
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
