@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|ahead-tests|s7|s7-tests|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|ahead-tests|s7|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests, ahead-tests: prepared for
-# session 7; s7, s7-tests: session 7's L2 prefetch A/B and its tests.
+# session 7; s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -173,8 +173,8 @@ if [ "$what" = steps ]; then
   python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 1 2>&1 | tail -3
 fi
 if [ "$what" = s7 ]; then
-  # Session 7: the L2 prefetch of wq_b, wo_a and wo_b at the step's start (DSV41_L2_PREFETCH,
-  # on by default), against off, in the same call; then the tables with it on.
+  # Session 7, call 3: the L2 prefetch of wq_b, wo_a and wo_b at the step's start
+  # (DSV41_L2_PREFETCH, since removed: slower) against off; the tables with it on.
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
     2>&1 | grep -E "^(nvidia|mono) "; }
   for run in 1 2; do
@@ -191,10 +191,4 @@ if [ "$what" = s7 ]; then
   b --backend mono --tp 4 --tokens 2,4,8,32 | sed "s/^/tp 4: /"
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mono_gpu.py \
     -k "nvidia_step or prefetch" --timeout 300 2>&1 | tail -3
-fi
-if [ "$what" = s7-tests ]; then
-  # Session 7: the step tests of both backends with the L2 prefetch on (the default), and
-  # its on/off bit-identity tests.
-  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
-    tests/gpu/test_mono_gpu.py --timeout 500 ${PYTEST_ARGS:-} 2>&1 | tail -3
 fi

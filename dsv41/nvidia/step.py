@@ -1,7 +1,5 @@
 """The NVIDIA backend's layer step: six launches, no host sync, no shuffle kernel (SPEC §2, §6).
 
-0. on a side stream, joined at the end: ``launch_l2_prefetch`` asks L2 for the weights of
-   wq_b, wo_a and wo_b while launch 1 streams Wqkv (``dsv41.common.l2_prefetch``);
 1. ``mx_gemm`` (A_CAST): ``qkv = mxfp8(x) @ Wqkv^T``, the cast of x in the prologue;
 2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;
 3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are).
@@ -31,7 +29,6 @@ from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.l2_prefetch import launch_l2_prefetch
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import (
     NormInput,
@@ -125,10 +122,6 @@ def launch_step(
     """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
-    # The later GEMMs' weights, in the order the step reads them, head for L2 while Wqkv runs.
-    prefetch = launch_l2_prefetch(
-        [layer.wq_b, layer.wq_b_scale, layer.wo_a, layer.wo_a_scale, layer.wo_b, layer.wo_b_scale]
-    )
     mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
 
     def norm() -> None:
@@ -186,8 +179,6 @@ def launch_step(
         scratch=scratch["wo_a"],
     )
     mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
-    if prefetch is not None:
-        torch.cuda.current_stream(x.device).wait_stream(prefetch)
     return {
         "qkv": out.qkv,
         "kv": out.kv,

@@ -227,19 +227,3 @@ def test_task_trace_records_every_task_and_changes_no_bit(layers) -> None:
     assert bool((program >= 0).all()) and bool((program < runner.programs).all())
     with pytest.raises(ValueError, match=r"trace: expected a contiguous int64 tensor of shape"):
         runner.launch(*args, plain, trace=trace[:-1])
-
-
-def test_l2_prefetch_changes_no_bit(layers, monkeypatch) -> None:
-    """The kernel with its L2 prefetch (the default) and without: the same y, in reference parity."""
-    lw = layers[True]
-    sc = _scenario(lw, 3, seed=31)
-    ys = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("DSV41_L2_PREFETCH", on)
-        runner = MonoRunner(lw, 3)
-        ys[on] = torch.empty_like(sc.x)
-        runner.launch(*_args(sc.clone_caches()), ys[on])
-        torch.cuda.synchronize()
-        runner.check()
-    assert torch.equal(ys["1"], ys["0"])
-    _assert_parity(lw, runner.seams(ys["0"]), _reference(lw, sc), "prefetch off")

@@ -123,27 +123,3 @@ def test_graph_replay_equals_eager(layer, m):
             assert torch.equal(got[name], want[name]), name
         assert torch.equal(got["xo"][0].view(torch.uint8), want["xo"][0].view(torch.uint8))
         assert torch.equal(graph_caches.window_cache.data, eager_caches.window_cache.data)
-
-
-@pytest.mark.parametrize("m", [1, 48])
-def test_l2_prefetch_changes_no_bit(layer, m, monkeypatch):
-    """The step with its L2 prefetch (the default) and without: the same bits, graph and eager."""
-    sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_mx", seed=90 + m, device=DEVICE)
-    seams = {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("DSV41_L2_PREFETCH", on)
-        caches = sc.clone_caches()
-        runner = NvidiaStepRunner(layer, max_tokens=64)
-        got = runner.capture(sc.x, sc.positions, sc.slot_mapping, sc.key_table,
-                             caches.window_cache, caches.compressed_cache)  # fmt: skip
-        runner.replay()
-        torch.cuda.synchronize()
-        eager = nvidia_step(layer, *_fresh(sc))
-        seams[on] = [got["y"].clone(), got["z"].clone(), eager["y"], caches.window_cache.data]
-    for a, b in zip(seams["1"], seams["0"]):
-        assert torch.equal(a, b)
-
-
-def _fresh(sc) -> tuple:
-    c = sc.clone_caches()
-    return (c.x, c.positions, c.slot_mapping, c.key_table, c.window_cache, c.compressed_cache)

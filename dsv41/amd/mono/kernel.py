@@ -44,7 +44,6 @@ from dsv41.common.fused_layout import Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
 from dsv41.common.kv_cache import KV_DIM
 from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_tl, store_record_tl
-from dsv41.common.l2_prefetch import PREFETCH_CHUNK, l2_prefetch_tl
 from dsv41.common.mx import (
     MX_BLOCK,
     bf16_round_tl,
@@ -73,7 +72,6 @@ COMBINE_PARTS_: tl.constexpr = tl.constexpr(COMBINE_PARTS)
 CTL_TICKET_: tl.constexpr = tl.constexpr(CTL_TICKET)
 CTL_FINISHED_: tl.constexpr = tl.constexpr(CTL_FINISHED)
 CTL_EPOCH_: tl.constexpr = tl.constexpr(CTL_EPOCH)
-PREFETCH_CHUNK_: tl.constexpr = tl.constexpr(PREFETCH_CHUNK)
 CTL_ERROR_: tl.constexpr = tl.constexpr(CTL_ERROR)
 STOP_TICKETS: tl.constexpr = tl.constexpr(1 << 30)  # added to the ticket on an error: past any task
 
@@ -614,8 +612,6 @@ def mono_kernel(
     x_ptr, pos_ptr, slot_ptr, key_ptr, win_ptr, comp_ptr, y_ptr,
     # int64 [tasks, 3] (start ns, end ns, program) of every task when TRACE
     trace_ptr,
-    # (address, bytes) of the weight regions to prefetch into L2 when PREFETCH_LANES
-    pf_a0, pf_n0, pf_a1, pf_n1, pf_a2, pf_n2, pf_a3, pf_n3, pf_a4, pf_n4, pf_a5, pf_n5,
     # weights and rope tables
     wqkv_ptr, wqkv_s_ptr, q_norm_ptr, kv_norm_ptr, wqb_ptr, wqb_s_ptr, woa_ptr, woa_s_ptr,
     wob_ptr, wob_s_ptr, sink_ptr, cos_ptr, sin_ptr,
@@ -634,7 +630,6 @@ def mono_kernel(
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, TICKET_AHEAD: tl.constexpr = False,
-    PREFETCH_LANES: tl.constexpr = 0,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
@@ -643,16 +638,9 @@ def mono_kernel(
     With ``TICKET_AHEAD`` a GEMV task takes its program's next ticket once its first weight
     blocks are in flight (``_gemv``); a ticket is still taken only after the program's
     previous one, so tickets keep their global order.
-    With ``PREFETCH_LANES`` (NVIDIA SM90 and later) each program first asks L2 for chunks
-    ``lane * programs + pid`` of the ``pf_*`` regions (``l2_prefetch_tl``): the weights of
-    the later stages stream in while the first ones run.
     """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
-    if PREFETCH_LANES > 0:
-        g = tl.arange(0, PREFETCH_LANES) * tl.num_programs(0) + tl.program_id(0)
-        l2_prefetch_tl(g, pf_a0, pf_n0, pf_a1, pf_n1, pf_a2, pf_n2, pf_a3, pf_n3, pf_a4, pf_n4,
-                       pf_a5, pf_n5, PREFETCH_CHUNK_)  # fmt: skip
     tag = tl.atomic_add(ctl_ptr + CTL_EPOCH_, 0, sem="acquire", scope="gpu")
     t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
     ok = t >= 0

@@ -39,7 +39,6 @@ from dsv41.amd.mono.kernel import mono_kernel
 from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, MAX_TOKENS, Plan
 from dsv41.common.fused_layout import permute_q_from_fused
 from dsv41.common.kv_cache import FP8_DS_MLA, PagedKVCache, validate_key_table
-from dsv41.common.l2_prefetch import MAX_REGIONS, prefetch_args
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
 from dsv41.common.switches import env_flag, env_int
@@ -156,15 +155,12 @@ class MonoRunner:
         comp = window_cache if compressed_cache is None else compressed_cache
         comp_slots = 0 if compressed_cache is None else compressed_cache.num_slots
         ends = [st.end for st in p.stages]
-        # wq_b, wo_a and wo_b into L2 while xq and Wqkv run (NVIDIA SM90+; a hint, no values)
-        pf = prefetch_args([lw.wq_b, lw.wq_b_scale, lw.wo_a, lw.wo_a_scale, lw.wo_b, lw.wo_b_scale])
         mono_kernel[(self.programs,)](
             v["ctl"], v["x8"], v["x8s"], v["xrdy"], v["qkvp"], v["qx8"], v["qx8s"], v["qrdy"],
             v["q"], v["part"], v["pstat"], v["srdy"], v["xo"], v["xos"], v["crdy"], v["x8b"],
             v["x8bs"], v["ardy"], v["z"], v["woap"], v["wrdy"],
             x, positions, slot_mapping, key_table, window_cache.data, comp.data, y,
             y if trace is None else trace,
-            *([0] * 2 * MAX_REGIONS if pf is None else pf),
             lw.wqkv, lw.wqkv_scale, lw.q_norm, lw.kv_norm, lw.wq_b, lw.wq_b_scale, lw.wo_a,
             lw.wo_a_scale, lw.wo_b, lw.wo_b_scale, lw.attn_sink, self.cos, self.sin,
             p.tokens, p.capacity, window_cache.num_slots, comp_slots, self.cos.shape[0],
@@ -178,7 +174,7 @@ class MonoRunner:
             WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,
-            TICKET_AHEAD=ticket_ahead(), PREFETCH_LANES=0 if pf is None else 32 * num_warps(),
+            TICKET_AHEAD=ticket_ahead(),
             num_warps=num_warps(),
         )
 
