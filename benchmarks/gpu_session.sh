@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|ahead-tests|s7|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
-# s6, s6b, s6tests, s6c: session 6's calls; next, next-tests, ahead-tests: prepared for
-# session 7; s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it).
+# s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
+# s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -142,11 +142,6 @@ if [ "$what" = next-tests ]; then
     tests/gpu/test_mono_gpu.py --timeout 500 2>&1 | tail -2
   DSV41_GEMV_PAD=1 DSV41_ATTN_EARLY=1 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_nvidia_step_gpu.py --timeout 300 2>&1 | tail -2
-fi
-if [ "$what" = ahead-tests ]; then
-  # Prepared for session 7: the mono GPU tests with DSV41_MONO_TICKET_AHEAD=1.
-  DSV41_MONO_TICKET_AHEAD=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
-    --timeout 500 2>&1 | tail -2
 fi
 if [ "$what" = pdl ]; then
   # Session 6, call 1: PDL with wq_b's side stream through the nvidia step tests, then the

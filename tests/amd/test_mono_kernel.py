@@ -22,23 +22,19 @@ LONG_SUMS = ("z", "woap")
 
 
 @pytest.mark.parametrize(
-    "tp, layer_id, tokens, hidden, cores, woa_parts, ahead",
+    "tp, layer_id, tokens, hidden, cores, woa_parts",
     # both shares, all three layer kinds, S = 1, 7, 48; hidden 512: x in 4 xq blocks; the GEMV
     # blocks on tensor cores, and on CUDA cores (DSV41_MONO_GEMV_CORES) at S = 1 and 7; wo_a
-    # in 1, 2 and 4 K parts (DSV41_MONO_WOA_PARTS); GEMV tasks taking the next ticket ahead
-    # (DSV41_MONO_TICKET_AHEAD)
-    [(4, 1, 1, 512, False, 4, False), (2, 2, 7, 256, False, 1, False),
-     (4, 0, 48, 256, False, 4, False), (4, 1, 1, 512, True, 4, False),
-     (2, 2, 7, 256, True, 2, False), (4, 1, 1, 256, True, 4, True),
-     (2, 0, 7, 256, False, 2, True)],
+    # in 1, 2 and 4 K parts (DSV41_MONO_WOA_PARTS)
+    [(4, 1, 1, 512, False, 4), (2, 2, 7, 256, False, 1), (4, 0, 48, 256, False, 4),
+     (4, 1, 1, 512, True, 4), (2, 2, 7, 256, True, 2)],
 )
 def test_kernel_matches_executor_and_reference(
-    tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, woa_parts: int, ahead: bool,
-    tiny_layer, run_mono, run_reference, monkeypatch,
+    tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, woa_parts: int, tiny_layer,
+    run_mono, run_reference, monkeypatch,
 ) -> None:
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
     monkeypatch.setenv("DSV41_MONO_WOA_PARTS", str(woa_parts))
-    monkeypatch.setenv("DSV41_MONO_TICKET_AHEAD", str(int(ahead)))
     lw = tiny_layer(tp, layer_id, hidden)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     kernel_sc, exec_sc = sc.clone_caches(), sc.clone_caches()

@@ -250,16 +250,3 @@ def test_warps_switch_is_checked(monkeypatch) -> None:
         monkeypatch.setenv("DSV41_MONO_WARPS", bad)
         with pytest.raises(ValueError, match=f"DSV41_MONO_WARPS: expected 4, 8 or 16, got '{bad}'"):
             num_warps()
-
-
-def test_ticket_ahead_switch_is_checked(monkeypatch) -> None:
-    from dsv41.amd.mono.launcher import ticket_ahead
-
-    monkeypatch.delenv("DSV41_MONO_TICKET_AHEAD", raising=False)
-    assert not ticket_ahead()
-    monkeypatch.setenv("DSV41_MONO_TICKET_AHEAD", "1")
-    assert ticket_ahead()
-    for bad in ("2", "on", ""):
-        monkeypatch.setenv("DSV41_MONO_TICKET_AHEAD", bad)
-        with pytest.raises(ValueError, match=f"DSV41_MONO_TICKET_AHEAD: expected 0 or 1, got '{bad}'"):
-            ticket_ahead()

@@ -165,34 +165,6 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m):
     assert not scratch.tickets.any()
 
 
-def test_cuda_core_tile_padded_to_a_power_of_two(monkeypatch):
-    """A whole-row CUDA-core tile of 5 MX blocks (K = 160) runs as one step padded to 8 blocks:
-    x cast in the prologue, MXFP8 in, the RMSNorm prologue, each against the reference."""
-    gen = torch.Generator().manual_seed(11)
-    n, k = 64, 160
-    w, block_codes = quantize_weight_blocks(torch.randn(n, k, generator=gen))
-    ws = block_to_row_scales(block_codes)
-    x = x_of(1, k, 90)
-    cfg = GemmConfig(block_m=1, block_n=8, block_k=k, split_k=1, gemv=True)
-    want = mx_linear(mxfp8_quantize(x), w, ws)
-    assert_bf16_close(mx_gemm(x, w, ws, config=cfg), want)
-    assert_bf16_close(mx_gemm(mxfp8_quantize(x), w, ws, config=cfg), want)
-    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).bfloat16()
-    got = mx_gemm(NormInput(x, norm_w, 1e-6), w, ws, config=cfg)
-    assert_bf16_close(got, mx_linear(mxfp8_quantize(rmsnorm(x, norm_w, 1e-6)), w, ws), exact=0.9)
-    with pytest.raises(ValueError, match="config: k_steps and a block_k that is not a power"):
-        mx_gemm(mxfp8_quantize(x), w, ws,
-                config=GemmConfig(block_m=16, block_n=32, block_k=k, split_k=1))  # fmt: skip
-    # DSV41_GEMV_PAD=1: whole rows of Wqkv (5120) and wq_b (1280) as one padded step
-    monkeypatch.setenv("DSV41_GEMV_PAD", "1")
-    for (nn, kk), rows in (((1792, 5120), 2), ((8192, 1280), 8)):
-        c = gemm_config(1, nn, kk, n_per_group=nn, quant_out=False, sms=132)
-        assert (c.block_n, c.block_k, c.k_steps, c.split_k) == (rows, kk, 1, 1), c
-    monkeypatch.setenv("DSV41_GEMV_PAD", "2")
-    with pytest.raises(ValueError, match="DSV41_GEMV_PAD: expected 0 or 1, got '2'"):
-        gemm_config(1, 1792, 5120, n_per_group=1792, quant_out=False, sms=132)
-
-
 def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
     """wq_b on the Wqkv output (A_NORM; 3 tokens in a 4-row bucket): the same product as wq_b
     on norm_rope_insert's qr8, bit for bit, and within a bf16 step of the reference."""
@@ -349,6 +321,11 @@ def test_bad_inputs_name_the_argument(layer):
         mx_gemm(x.float(), layer.wqkv, layer.wqkv_scale)
     with pytest.raises(ValueError, match="n_per_group"):
         mx_gemm(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale, n_per_group=100)
+    k = 160  # five MX blocks: no power-of-two K step covers a row
+    w, codes = quantize_weight_blocks(torch.randn(64, k, generator=torch.Generator().manual_seed(11)))
+    with pytest.raises(ValueError, match="config: block_k must be a power of two of whole MX"):
+        mx_gemm(x_of(1, k, 90), w, block_to_row_scales(codes),
+                config=GemmConfig(block_m=1, block_n=8, block_k=k, split_k=1, gemv=True))  # fmt: skip
 
 
 SM90_COMPILE = r"""
@@ -359,7 +336,7 @@ from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
-          "K_PAD": 2048, "K_STEPS": 1, "BLOCKS_P": 0}
+          "K_PAD": 2048, "K_STEPS": 1}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",

@@ -18,12 +18,11 @@ launch is read with ``.cg`` loads, and only after every producer of each
 
 A GEMV task loads its first two weight blocks (three on CUDA cores) before
 it waits on its activations and keeps loading that many blocks ahead of its
-multiplies, so weight streaming overlaps the hand-off latency (with
-``TICKET_AHEAD`` it also takes its program's next ticket while they load).
-MXFP8 operands are dequantized exactly (e4m3 times a power of two fits bf16) and
-multiplied on bf16 tensor cores with fp32 accumulation (with ``EXACT``, the
-interpreter, whose bf16 ``tl.dot`` is broken, in fp32), or up to
-``plan.CORES_TOKENS`` tokens on CUDA cores.
+multiplies, so weight streaming overlaps the hand-off latency. MXFP8 operands
+are dequantized exactly (e4m3 times a power of two fits bf16) and multiplied on
+bf16 tensor cores with fp32 accumulation (with ``EXACT``, the interpreter, whose
+bf16 ``tl.dot`` is broken, in fp32), or up to ``plan.CORES_TOKENS`` tokens on
+CUDA cores.
 """
 
 from __future__ import annotations
@@ -215,7 +214,7 @@ def _gemv(
     w_ptr, ws_ptr, w_stride, ws_stride,
     box_ptr, seen, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
-    CORES: tl.constexpr, AHEAD: tl.constexpr,
+    CORES: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``,
     unless its address is ``seen``: the mailbox this program's previous GEMV task waited on
@@ -223,9 +222,7 @@ def _gemv(
 
     The first two weight blocks (three with ``CORES``) are loaded before the wait;
     each later one as many blocks ahead of its multiply, so weights stream through
-    the wait and the loop (they are read once: evict first). With ``AHEAD`` the program's
-    next ticket is taken while those first blocks are in flight, so its latency hides behind
-    theirs. Returns ``(acc, ok, next ticket or -1 without AHEAD)``.
+    the wait and the loop (they are read once: evict first). Returns ``(acc, ok)``.
 
     A K block is multiplied on tensor cores (both operands dequantized, TB token
     rows), or with ``CORES`` on CUDA cores (TB is then the next power of two >= S,
@@ -243,9 +240,6 @@ def _gemv(
     w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, BK, K, ROWS, BK)
     if CORES:  # a third block in flight: the CUDA-core loop has the registers for it
         w2, ws2 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, 2 * BK, K, ROWS, BK)
-    nxt = ticket * 0 - 1
-    if AHEAD:
-        nxt = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
     ok = ticket >= 0
     if box_ptr.to(tl.int64) != seen:
         ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
@@ -274,7 +268,7 @@ def _gemv(
                     acc += tl.where(tok[:, None] == r, _block_dots(wf, a, w_scale)[None, :], 0.0)
         if TB == 1:
             acc += tl.sum(lanes, axis=1)[None, :]
-        return acc, ok, nxt
+        return acc, ok
     for k0 in range(0, K, BK):
         a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :],
                     mask=live & (k0 + k < K)[None, :], other=0.0, cache_modifier=".cg")
@@ -284,7 +278,7 @@ def _gemv(
         w0, ws0 = w1, ws1
         w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 2 * BK, K, ROWS, BK)
         acc = _mma(mx_dequantize_tl(a, a_s.to(tl.int32), TB, BK), tl.trans(w_deq), acc, EXACT)
-    return acc, ok, nxt
+    return acc, ok
 
 
 # -- stages ------------------------------------------------------------------------
@@ -479,25 +473,25 @@ def _combine(
 def _wqkv_task(
     t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag, spin_limit,
     ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr, CORES: tl.constexpr, AHEAD: tl.constexpr,
+    EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
     half = i // TILES
     row0 = (i % TILES) * WQKV_ROWS
     col0 = half * (HIDDEN // 2)
-    acc, ok, nxt = _gemv(
+    acc, ok = _gemv(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, AHEAD,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
     tl.store(qkvp_ptr + (half * cap + tok[:, None]) * QKV_ROWS + row0 + r[None, :], acc,
              mask=(tok < S)[:, None])
     _arrive(xrdy_ptr + 2, 2 * TILES, tag, ok)
-    return ok, xrdy_ptr.to(tl.int64), nxt
+    return ok, xrdy_ptr.to(tl.int64)
 
 
 @triton.jit
@@ -505,15 +499,15 @@ def _wqb_task(
     t, i, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
     S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
-    BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr, AHEAD: tl.constexpr,
+    BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
-    acc, ok, nxt = _gemv(
+    acc, ok = _gemv(
         qx8_ptr, qx8s_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, AHEAD,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     q = bf16_round_tl(acc)
@@ -529,7 +523,7 @@ def _wqb_task(
     tile = (i % HEADS) // HEAD_TILE_
     tile_heads = tl.minimum(HEADS - tile * HEAD_TILE_, HEAD_TILE_)
     _arrive(qrdy_ptr + 2 * (1 + tile), HEAD_DIM // Q_CHUNK_ * tile_heads, tag, ok)
-    return ok, qrdy_ptr.to(tl.int64), nxt
+    return ok, qrdy_ptr.to(tl.int64)
 
 
 @triton.jit
@@ -538,7 +532,7 @@ def _woa_task(
     w_ptr, ws_ptr, S, cap, seen, tag, spin_limit, ctl_ptr,
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
     PARTS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
-    CORES: tl.constexpr, AHEAD: tl.constexpr,
+    CORES: tl.constexpr,
 ):
     """wo_a rows ``32 block ..`` of group ``32 block // o_rank``, K part ``part`` of PARTS;
     the block's last part: ``z = bf16(sum of the parts)``, ``x8b = mxfp8(z)``."""
@@ -549,11 +543,11 @@ def _woa_task(
     group = row0 // O_RANK
     col0 = group * GROUP_K + part * KP
     box = crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_)
-    acc, ok, nxt = _gemv(
+    acc, ok = _gemv(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K + part * KP, ws_ptr + row0 * (GROUP_K // MX) + part * (KP // MX),
         GROUP_K, GROUP_K // MX, box, seen, tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, KP, TB, BK, EXACT, CORES, AHEAD,
+        WOA_ROWS, KP, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
@@ -576,27 +570,27 @@ def _woa_task(
         tl.store(x8bs_ptr + tok[:, None] * (O_ROWS // MX) + block + tl.arange(0, 1)[None, :],
                  codes.to(tl.uint8), mask=live)
         _arrive(ardy_ptr, O_ROWS // WOA_ROWS, tag, final)
-    return ok, box.to(tl.int64), nxt
+    return ok, box.to(tl.int64)
 
 
 @triton.jit
 def _wob_task(
     t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr, CORES: tl.constexpr, AHEAD: tl.constexpr,
+    EXACT: tl.constexpr, CORES: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
-    acc, ok, nxt = _gemv(
+    acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, AHEAD,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOB_ROWS)
     tl.store(y_ptr + tok[:, None] * HIDDEN + i * WOB_ROWS + r[None, :],
              bf16_round_tl(acc).to(tl.bfloat16), mask=(tok < S)[:, None])
-    return ok, ardy_ptr.to(tl.int64), nxt
+    return ok, ardy_ptr.to(tl.int64)
 
 
 # -- the kernel ----------------------------------------------------------------------
@@ -629,15 +623,12 @@ def mono_kernel(
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
-    TRACE: tl.constexpr = False, TICKET_AHEAD: tl.constexpr = False,
+    TRACE: tl.constexpr = False,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
     With ``TRACE`` each task's start and end (``%globaltimer``, waits included) and
     the program that ran it go to ``trace[ticket]`` (NVIDIA only; not in the interpreter).
-    With ``TICKET_AHEAD`` a GEMV task takes its program's next ticket once its first weight
-    blocks are in flight (``_gemv``); a ticket is still taken only after the program's
-    previous one, so tickets keep their global order.
     """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
@@ -648,15 +639,13 @@ def mono_kernel(
     while (t < end_wob) & ok:
         if TRACE:
             started = globaltimer_tl(t)
-        nxt = t * 0 - 1  # the next ticket, when a GEMV task took it ahead
         if t < end_xq:  # xq is the first stage: its task index is the ticket
             _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
             _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
         elif t < end_wqkv:
-            ok, seen, nxt = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr,
-                                       wqkv_ptr, wqkv_s_ptr, S, cap, seen, tag, spin_limit,
-                                       ctl_ptr, HIDDEN, QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES,
-                                       TICKET_AHEAD)
+            ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
+                                  wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
+                                  QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -665,10 +654,10 @@ def mono_kernel(
                       Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
             _arrive(qrdy_ptr, S, tag, ok)
         elif t < end_wqb:
-            ok, seen, nxt = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr,
-                                      wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S,
-                                      seen, tag, spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB,
-                                      BK_QR, EXACT, GEMV_CORES, TICKET_AHEAD)
+            ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr,
+                                 wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, seen, tag,
+                                 spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT,
+                                 GEMV_CORES)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -691,15 +680,14 @@ def mono_kernel(
                          CHUNKS, CHUNKS_P, GROUP_K, NOPE)
             _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
         elif t < end_woa:
-            ok, seen, nxt = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
-                                      wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr,
-                                      woa_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HEADS,
-                                      O_RANK, GROUP_K, O_ROWS, WOA_PARTS, TB, BK_GK, EXACT,
-                                      GEMV_CORES, TICKET_AHEAD)
+            ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
+                                 wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr,
+                                 S, cap, seen, tag, spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K,
+                                 O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES)
         else:
-            ok, seen, nxt = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
-                                      wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN,
-                                      O_ROWS, TB, BK_OR, EXACT, GEMV_CORES, TICKET_AHEAD)
+            ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
+                                 wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB,
+                                 BK_OR, EXACT, GEMV_CORES)
         if TRACE:
             row = trace_ptr + 3 * t.to(tl.int64)
             tl.store(row, started)
@@ -708,10 +696,7 @@ def mono_kernel(
         if ok:
             # An atomic: one thread takes the ticket and the CTA shares it, so every thread
             # leaves the loop together. A timed-out wait pushed the counter past every task.
-            if nxt < 0:
-                t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
-            else:
-                t = nxt
+            t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
     # The last program out resets the ticket and advances the epoch for the next step.
     done = tl.atomic_add(ctl_ptr + CTL_FINISHED_, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:

@@ -41,7 +41,7 @@ from dsv41.common.fused_layout import permute_q_from_fused
 from dsv41.common.kv_cache import FP8_DS_MLA, PagedKVCache, validate_key_table
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
-from dsv41.common.switches import env_flag, env_int
+from dsv41.common.switches import env_int
 from dsv41.common.weights import LayerWeights
 
 INTERPRETER_PROGRAMS = 4  # programs of the persistent grid under the Triton interpreter
@@ -56,13 +56,6 @@ class MonoError(RuntimeError):
 
 def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def ticket_ahead() -> bool:
-    """Whether a GEMV task takes its program's next ticket while its first weight blocks are in
-    flight (kernel ``TICKET_AHEAD``): ``DSV41_MONO_TICKET_AHEAD`` = 1; off by default until the
-    H200 has timed it."""
-    return env_flag("DSV41_MONO_TICKET_AHEAD", False)
 
 
 def num_warps() -> int:
@@ -174,7 +167,6 @@ class MonoRunner:
             WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,
-            TICKET_AHEAD=ticket_ahead(),
             num_warps=num_warps(),
         )
 

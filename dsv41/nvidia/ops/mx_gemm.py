@@ -29,9 +29,8 @@ operands on the GPU and on fp32 operands under the interpreter (whose bf16
 dot is broken); both accumulate in fp32. Buckets up to ``GEMV_MAX_M`` (one token)
 take a CUDA-core loop instead (``GEMV``): one weight tile a program, loaded
 before the PDL wait, fp32 FMAs, no MMA tile padded to 16 rows (a config may give
-a program ``k_steps`` tiles along K, unrolled, or one tile whose MX blocks are
-padded to a power of two: with ``split_k = 1`` no partial sums at all;
-``profile_step.py --sweep`` times those).
+a program ``k_steps`` tiles along K, unrolled: with ``split_k = 1`` no partial
+sums at all; ``profile_step.py --sweep`` times those).
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ from dsv41.common.mx import (
 )
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
-from dsv41.common.switches import env_flag, env_int
+from dsv41.common.switches import env_int
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
@@ -107,42 +106,37 @@ def _mx_tile(
 
 
 @triton.jit
-def _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCKS: tl.constexpr,
-               BLOCKS_P: tl.constexpr):  # fmt: skip
-    """The CUDA-core loop's weight tile of ``BLOCKS`` MX blocks from ``k0``, padded to a power of
-    two ``BLOCKS_P``: e4m3 ``[BLOCK_N, BLOCKS_P, 32]`` (0 past ``BLOCKS``), its codes
-    ``[BLOCK_N, BLOCKS_P]``, the columns ``[BLOCKS_P, 32]`` it covers and which blocks are real."""
-    blk = tl.arange(0, BLOCKS_P)
-    live = blk < BLOCKS
+def _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCKS: tl.constexpr):
+    """The CUDA-core loop's weight tile at ``k0``: e4m3 ``[BLOCK_N, BLOCKS, 32]``, its codes
+    ``[BLOCK_N, BLOCKS]`` and the columns ``[BLOCKS, 32]`` it covers."""
+    blk = tl.arange(0, BLOCKS)
     col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]
-    w8 = tl.load(w_ptr + n64[:, None, None] * K + col[None, :, :],
-                 mask=n_ok[:, None, None] & live[None, :, None], other=0.0)  # fmt: skip
+    w8 = tl.load(w_ptr + n64[:, None, None] * K + col[None, :, :], mask=n_ok[:, None, None],
+                 other=0.0)  # fmt: skip
     wc = tl.load(w_codes_ptr + n64[:, None] * (K // _MX) + (blk + k0 // _MX)[None, :],
-                 mask=n_ok[:, None] & live[None, :], other=0)  # fmt: skip
-    return w8, wc, col, live
+                 mask=n_ok[:, None], other=0)  # fmt: skip
+    return w8, wc, col
 
 
 @triton.jit
-def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0, col, live, rms,
-              K: tl.constexpr, BLOCKS_P: tl.constexpr, A_MODE: tl.constexpr):  # fmt: skip
-    """Token ``row``'s activation at the CUDA-core tile's columns ``col [BLOCKS_P, 32]`` (from
-    ``k0``; 0 in blocks not ``live``), fp32, as its prologue makes it: MXFP8 values times their
-    scales (A_MX), x cast to MXFP8 (A_CAST), or ``mxfp8(bf16(qr * rms * weight))`` (A_NORM:
-    ``rms`` the row's ``_rms_factors``)."""
-    at = live[:, None]
+def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0, col, rms,
+              K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr):  # fmt: skip
+    """Token ``row``'s activation at the CUDA-core tile's columns ``col [BLOCKS, 32]`` (from
+    ``k0``), fp32, as its prologue makes it: MXFP8 values times their scales (A_MX), x cast
+    to MXFP8 (A_CAST), or ``mxfp8(bf16(qr * rms * weight))`` (A_NORM: ``rms`` the row's
+    ``_rms_factors``)."""
     if A_MODE == A_MX:
-        a8 = tl.load(a_ptr + row * stride_am + group * K + col, mask=at, other=0.0)
-        blk = tl.arange(0, BLOCKS_P)
-        ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk, mask=live,
-                     other=0)  # fmt: skip
+        a8 = tl.load(a_ptr + row * stride_am + group * K + col)
+        blk = tl.arange(0, BLOCKS)
+        ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
         return a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
     elif A_MODE == A_CAST:  # this row's slice of x, one MX block a row of the tile
-        x = tl.load(a_ptr + row * stride_am + col, mask=at, other=0.0)
-        return _mx_round(x.to(tl.float32), BLOCKS_P, _MX)
+        x = tl.load(a_ptr + row * stride_am + col)
+        return _mx_round(x.to(tl.float32), BLOCKS, _MX)
     else:
-        x = tl.load(a_ptr + row * stride_am + col, mask=at, other=0.0).to(tl.float32)
-        g = tl.load(norm_ptr + col, mask=at, other=0.0).to(tl.float32)
-        return _mx_round(bf16_round_tl(x * rms * g), BLOCKS_P, _MX)
+        x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
+        g = tl.load(norm_ptr + col).to(tl.float32)
+        return _mx_round(bf16_round_tl(x * rms * g), BLOCKS, _MX)
 
 
 @triton.jit
@@ -235,7 +229,6 @@ def mx_gemm_kernel(
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     K_STEPS: tl.constexpr = 1,
-    BLOCKS_P: tl.constexpr = 0,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
@@ -253,10 +246,7 @@ def mx_gemm_kernel(
         tl.static_assert(BLOCK_K * K_STEPS == K_SPLIT,
                          "the CUDA-core loop takes K_STEPS whole K steps a program")
         BLOCKS: tl.constexpr = BLOCK_K // _MX
-        # the tile's MX blocks padded to a power of two (BLOCKS_P; 0: BLOCKS is one)
-        BP: tl.constexpr = BLOCKS_P + (BLOCKS_P == 0) * BLOCKS
-        w8, wc, col, live = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS,
-                                       BP)  # fmt: skip
+        w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS)
     pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GEMV:
@@ -274,25 +264,23 @@ def mx_gemm_kernel(
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
         if LANES:
-            lanes = tl.zeros((BLOCK_N, BP, _MX), dtype=tl.float32)
+            lanes = tl.zeros((BLOCK_N, BLOCKS, _MX), dtype=tl.float32)
         for step in tl.static_range(K_STEPS):
             k0 = pid_k * K_SPLIT + step * BLOCK_K
             if step > 0:
-                w8, wc, col, live = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS,
-                                               BP)  # fmt: skip
+                w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
             ws = e8m0_scale_tl(wc.to(tl.int32))
             if LANES:
                 a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, tl.minimum(pid_m, M - 1), stride_am,
-                              stride_acm, group, k0, col, live, tl.sum(rms), K, BP,
-                              A_MODE)  # fmt: skip
+                              stride_acm, group, k0, col, tl.sum(rms), K, BLOCKS, A_MODE)  # fmt: skip
                 lanes += w8.to(tl.float32) * a[None, :, :] * ws[:, :, None]
             else:
                 wf = w8.to(tl.float32)
                 for r in tl.static_range(BLOCK_M):
                     row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
                     a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group,
-                                  k0, col, live, tl.sum(tl.where(token == r, rms, 0.0)), K,
-                                  BP, A_MODE)  # fmt: skip
+                                  k0, col, tl.sum(tl.where(token == r, rms, 0.0)), K, BLOCKS,
+                                  A_MODE)  # fmt: skip
                     dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
                     acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
         if LANES:
@@ -401,13 +389,6 @@ def gemv_max_steps() -> int:
     return env_int("DSV41_GEMV_STEPS", GEMV_MAX_STEPS, lambda v: 1 <= v <= 8, "1 .. 8")
 
 
-def gemv_padded() -> bool:
-    """Whether a whole-row GEMV tile is one K step padded to a power of two of MX blocks
-    (``DSV41_GEMV_PAD=1``: every weight byte of the program in flight before the PDL wait)
-    rather than unrolled power-of-two steps; off until the H200 has timed it."""
-    return env_flag("DSV41_GEMV_PAD", False)
-
-
 def gemv_split_tile() -> int:
     """Weight bytes of a split-K GEMV tile: ``DSV41_GEMV_SPLIT_TILE`` (a power of two, 4096 ..
     32768) when set, else ``GEMV_SPLIT_TILE_BYTES``."""
@@ -428,12 +409,9 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     """Whole rows in <= ``gemv_max_steps()`` unrolled K steps where they fit ``GEMV_TILE_BYTES``
     (no split-K sum), else ``gemv_split_tile()`` bytes a tile, split over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
-    rows = min(GEMV_BLOCK_N[1], GEMV_TILE_BYTES // triton.next_power_of_2(k))
-    padded = gemv_padded()
-    if not quant_out and rows >= 1 and (padded or k // block_k <= gemv_max_steps()):
+    rows = min(GEMV_BLOCK_N[1], GEMV_TILE_BYTES // k)
+    if not quant_out and rows >= 1 and k // block_k <= gemv_max_steps():
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
-        if padded:
-            block_k = k
         k_steps, split_k = k // block_k, 1
     else:  # split K; QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
         least, tile = MX_BLOCK if quant_out else GEMV_BLOCK_N[0], gemv_split_tile()
@@ -442,7 +420,7 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
         k_steps, split_k = 1, k // block_k
     while n_per_group % block_n:
         block_n //= 2
-    warps = 8 if block_n * triton.next_power_of_2(block_k) > GEMV_WIDE_STEP else 4
+    warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps)  # fmt: skip
 
@@ -628,13 +606,12 @@ def mx_gemm(
         or (quant and cfg.block_n % MX_BLOCK)
     ):
         raise ValueError(f"config: {cfg} does not tile N per group {n_per_group}, K {k}")
-    if not cfg.gemv and (cfg.k_steps != 1 or cfg.block_k & (cfg.block_k - 1)):
+    if cfg.k_steps != 1 and not cfg.gemv:
+        raise ValueError(f"config: k_steps is a CUDA-core loop setting (gemv=True), got {cfg}")
+    if cfg.block_k % MX_BLOCK or cfg.block_k & (cfg.block_k - 1):
         raise ValueError(
-            f"config: k_steps and a block_k that is not a power of two are CUDA-core loop "
-            f"settings (gemv=True), got {cfg}"
+            f"config: block_k must be a power of two of whole MX blocks of {MX_BLOCK}, got {cfg}"
         )
-    if cfg.block_k % MX_BLOCK:
-        raise ValueError(f"config: block_k must be whole MX blocks of {MX_BLOCK}, got {cfg}")
     if cfg.gemv and (mode == A_O or cfg.block_k * cfg.k_steps * cfg.split_k != k):
         raise ValueError(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
@@ -687,7 +664,6 @@ def mx_gemm(
         **geo,
         USE_PDL=pdl,
         K_STEPS=cfg.k_steps,
-        BLOCKS_P=triton.next_power_of_2(cfg.block_k // MX_BLOCK),
         **pdl_launch_options(pdl),
     )
     return out
