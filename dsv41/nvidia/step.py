@@ -20,7 +20,6 @@ while a graph may use it.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
@@ -28,6 +27,7 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
+from dsv41.common.switches import env_flag
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import (
@@ -101,8 +101,8 @@ _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
     """Whether the step of ``m`` tokens normalises qr in wq_b's prologue: its wq_b runs the
-    CUDA-core loop, and ``DSV41_NORM_IN_WQB`` is not 0."""
-    if os.environ.get("DSV41_NORM_IN_WQB", "1") == "0":
+    CUDA-core loop, and ``DSV41_NORM_IN_WQB`` (1 or 0) is not 0."""
+    if not env_flag("DSV41_NORM_IN_WQB", True):
         return False
     n, k, _, _ = gemm_shapes(layer.dims)["wq_b"]
     return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv

@@ -19,7 +19,7 @@ from dsv41.common.mx import mxfp8_quantize
 from dsv41.common.reference import mx_linear, reference_step
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, nvidia_step
+from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, norm_in_wq_b, nvidia_step
 from dsv41.nvidia.warmup import REGISTRY, warmup
 
 LAYER_ID = 1  # compressed: window + top-k
@@ -125,3 +125,17 @@ def test_bad_inputs_name_the_argument(layer):
     ]:
         with pytest.raises(ValueError, match=name):
             nvidia_step(layer, *args[:i], bad, *args[i + 1 :])
+
+
+def test_norm_in_wq_b_follows_the_cuda_core_loop_and_its_switch(layer, monkeypatch):
+    """One token: wq_b's CUDA-core loop normalises qr itself unless DSV41_NORM_IN_WQB=0; a
+    48-token bucket takes the MMA loop and the norm kernel; other values are refused."""
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("DSV41_NORM_IN_WQB", raising=False)
+    monkeypatch.delenv("DSV41_GEMV_MAX_M", raising=False)
+    assert norm_in_wq_b(layer, 1, cpu) and not norm_in_wq_b(layer, 48, cpu)
+    monkeypatch.setenv("DSV41_NORM_IN_WQB", "0")
+    assert not norm_in_wq_b(layer, 1, cpu)
+    monkeypatch.setenv("DSV41_NORM_IN_WQB", "off")
+    with pytest.raises(ValueError, match="DSV41_NORM_IN_WQB: expected 0 or 1, got 'off'"):
+        norm_in_wq_b(layer, 1, cpu)
