@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
-# s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it).
+# s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
+# s7-final: session 7's last call.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -186,4 +187,21 @@ if [ "$what" = s7 ]; then
   b --backend mono --tp 4 --tokens 2,4,8,32 | sed "s/^/tp 4: /"
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mono_gpu.py \
     -k "nvidia_step or prefetch" --timeout 300 2>&1 | tail -3
+fi
+if [ "$what" = s7-final ]; then
+  # Session 7, last call: nvidia at M = 1 with combine programs of 4 (default), 2 and 1 heads;
+  # mono with 32-key attention tasks against 64; both tables; the nvidia step tests with
+  # 2-head combine programs, and the attention tests.
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  for ch in 4 2 1 4; do
+    DSV41_COMBINE_HEADS=$ch b --backend nvidia --tp 4 --tokens 1 | sed "s/^/combine heads $ch, tp 4: /"
+  done
+  DSV41_COMBINE_HEADS=2 b --backend nvidia --tp 2 --tokens 1 | sed "s/^/combine heads 2, tp 2: /"
+  DSV41_MONO_KEY_CHUNK=32 b --backend mono --tp 4 --tokens 1,16,48 | sed "s/^/key chunk 32, tp 4: /"
+  b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
+    | sed "s/^/tp 4: /"
+  b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
+  DSV41_COMBINE_HEADS=2 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py --timeout 300 2>&1 | tail -2
 fi
