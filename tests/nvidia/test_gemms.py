@@ -227,6 +227,11 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
         with pytest.raises(ValueError, match=f"DSV41_GEMV_STEPS: expected 1 .. 8, got '{bad}'"):
             gemm_config(1, 64, 256, n_per_group=64, quant_out=False, sms=132)
     monkeypatch.setenv("DSV41_GEMV_STEPS", "1")
+    for bad in ("49", "-1", "one"):
+        monkeypatch.setenv("DSV41_GEMV_MAX_M", bad)
+        with pytest.raises(ValueError, match=f"DSV41_GEMV_MAX_M: expected 0 .. 48, got '{bad}'"):
+            gemm_config(1, 64, 256, n_per_group=64, quant_out=False, sms=132)
+    monkeypatch.delenv("DSV41_GEMV_MAX_M")
     for bad in ("2048", "12288", "65536", "x"):
         monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", bad)
         with pytest.raises(ValueError, match=f"DSV41_GEMV_SPLIT_TILE: expected a power of two .*'{bad}'"):

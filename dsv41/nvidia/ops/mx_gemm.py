@@ -379,8 +379,9 @@ def block_m_for(m: int) -> int:
 
 
 def gemv_max_m() -> int:
-    """The largest token bucket the CUDA-core loop serves: ``DSV41_GEMV_MAX_M`` (0: never)."""
-    return int(os.environ.get("DSV41_GEMV_MAX_M", GEMV_MAX_M))
+    """The largest token bucket the CUDA-core loop serves: ``DSV41_GEMV_MAX_M`` (0: never, at
+    most 48) when set, else ``GEMV_MAX_M``."""
+    return env_int("DSV41_GEMV_MAX_M", GEMV_MAX_M, lambda v: v <= 48, "0 .. 48")
 
 
 def gemv_max_steps() -> int:
