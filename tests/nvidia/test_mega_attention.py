@@ -133,21 +133,6 @@ def test_splits_agree(splits):
     _assert_matches(_run(layer, sc, q_fused, splits=splits), want)
 
 
-def test_combine_head_counts_give_the_same_bits(monkeypatch):
-    """Combine programs of 1, 2 or 16 heads sum each head's splits in the same order as the
-    default's: the same bits; other counts are refused."""
-    layer, sc, _, q_fused = _step(2, COMPRESSED_LAYER, 2, "fp8_ds_mla")
-    monkeypatch.delenv("DSV41_COMBINE_HEADS", raising=False)
-    default = _run(layer, sc, q_fused, splits=3)
-    for ch in ("1", "2", "16"):
-        monkeypatch.setenv("DSV41_COMBINE_HEADS", ch)
-        for got, want in zip(_run(layer, sc, q_fused, splits=3), default):
-            assert torch.equal(got, want), ch
-    monkeypatch.setenv("DSV41_COMBINE_HEADS", "3")
-    with pytest.raises(ValueError, match="DSV41_COMBINE_HEADS: expected 1, 2, 4, 8 or 16, got '3'"):
-        _run(layer, sc, q_fused, splits=3)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_early_keys_give_the_same_bits(fmt, monkeypatch):
     """Splits of one key block reading their keys before the PDL wait (``DSV41_ATTN_EARLY=1``

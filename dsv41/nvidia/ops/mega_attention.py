@@ -44,16 +44,16 @@ from dsv41.common.kv_cache import FP8_DS_MLA, KV_DIM, NOPE_DIM, ROPE_DIM, PagedK
 from dsv41.common.kv_records_tl import decode_entries_tl, fmt_id, load_records_tl, record_offsets_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
-from dsv41.common.switches import env_flag, env_int
+from dsv41.common.switches import env_flag
 from dsv41.nvidia.ops.mx_gemm import interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
 COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, whole RoPE pairs
-COMBINE_HEADS = 4  # heads a combine program finishes (DSV41_COMBINE_HEADS overrides it): 4
-# programs a head tile and chunk, so the partials of M = 1 (40 splits x 16 heads x 512 dims)
-# are read by 64 programs, not 16 (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16)
+COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile and chunk, so
+# the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
+# (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16-head programs)
 ROW_ALIGN = 16  # bytes: the alignment of a record's data row that lets it load in 16-B pieces
 PROGRAMS_PER_SM = 4  # split the keys until the launch has this many programs a SM: each
 # program walks its keys one dependent gather at a time, so more of them hide the latency
@@ -257,14 +257,6 @@ def mega_attention_combine_kernel(
     )  # fmt: skip
 
 
-def combine_heads() -> int:
-    """Heads a combine program finishes: ``DSV41_COMBINE_HEADS`` (a power of two up to the head
-    tile) when set, else ``COMBINE_HEADS``."""
-    return env_int(
-        "DSV41_COMBINE_HEADS", COMBINE_HEADS, lambda v: v in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"
-    )
-
-
 def early_keys() -> bool:
     """Whether a one-block split whose caches are ready reads its keys before the PDL wait:
     ``DSV41_ATTN_EARLY`` (1 or 0), on by default (H200, session 7, tp 4 / tp 2, M = 1:
@@ -421,13 +413,12 @@ def mega_attention(
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
-        ch = combine_heads()
-        grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
+        grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // COMBINE_HEADS)
         mega_attention_combine_kernel[grid](
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
-            CH=ch, num_warps=4,
+            CH=COMBINE_HEADS, num_warps=4,
             USE_PDL=pdl, **pdl_launch_options(pdl),
         )  # fmt: skip
     return xo, xo_codes, lse
