@@ -189,7 +189,8 @@ if [ "$what" = s7 ]; then
     -k "nvidia_step or prefetch" --timeout 300 2>&1 | tail -3
 fi
 if [ "$what" = s7-final ]; then
-  # Session 7, last call: nvidia at M = 1 with combine programs of 4 (default), 2 and 1 heads;
+  # Session 7, last call: nvidia at M = 1 with combine programs of 4 (default), 2 and 1 heads
+  # (DSV41_COMBINE_HEADS, since removed);
   # mono with 32-key attention tasks against 64; both tables; the nvidia step tests with
   # 2-head combine programs, and the attention tests.
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
