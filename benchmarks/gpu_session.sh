@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
-# s7-final: session 7's last call.
+# s7-final: session 7's last call; s8, s8-tests: prepared for session 8.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -205,4 +205,24 @@ if [ "$what" = s7-final ]; then
   b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
   DSV41_COMBINE_HEADS=2 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 300 2>&1 | tail -2
+fi
+if [ "$what" = s8 ]; then
+  # Prepared for session 8 (about 3 minutes): mono's one-token GEMV on weights held as int32
+  # words (DSV41_MONO_GEMV_WORDS=1) against the default, both shares, and its trace.
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  for words in 0 1 0 1; do
+    DSV41_MONO_GEMV_WORDS=$words b --backend mono --tp 4 --tokens 1 | sed "s/^/words $words, tp 4: /"
+  done
+  for words in 0 1; do
+    DSV41_MONO_GEMV_WORDS=$words b --backend mono --tp 2 --tokens 1 | sed "s/^/words $words, tp 2: /"
+  done
+  DSV41_MONO_GEMV_WORDS=1 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
+    2>&1 | tail -11
+fi
+if [ "$what" = s8-tests ]; then
+  # Prepared for session 8 (about 5 minutes): the mono GPU tests with the words on (they
+  # change the one-token steps only).
+  DSV41_MONO_GEMV_WORDS=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+    --timeout 500 2>&1 | tail -2
 fi

@@ -22,19 +22,22 @@ LONG_SUMS = ("z", "woap")
 
 
 @pytest.mark.parametrize(
-    "tp, layer_id, tokens, hidden, cores, woa_parts",
+    "tp, layer_id, tokens, hidden, cores, woa_parts, words",
     # both shares, all three layer kinds, S = 1, 7, 48; hidden 512: x in 4 xq blocks; the GEMV
-    # blocks on tensor cores, and on CUDA cores (DSV41_MONO_GEMV_CORES) at S = 1 and 7; wo_a
-    # in 1, 2 and 4 K parts (DSV41_MONO_WOA_PARTS)
-    [(4, 1, 1, 512, False, 4), (2, 2, 7, 256, False, 1), (4, 0, 48, 256, False, 4),
-     (4, 1, 1, 512, True, 4), (2, 2, 7, 256, True, 2)],
+    # blocks on tensor cores, and on CUDA cores (DSV41_MONO_GEMV_CORES) at S = 1 and 7, at S = 1
+    # also on weights held as words (DSV41_MONO_GEMV_WORDS); wo_a in 1, 2 and 4 K parts
+    # (DSV41_MONO_WOA_PARTS)
+    [(4, 1, 1, 512, False, 4, False), (2, 2, 7, 256, False, 1, False),
+     (4, 0, 48, 256, False, 4, False), (4, 1, 1, 512, True, 4, False),
+     (2, 2, 7, 256, True, 2, False), (4, 1, 1, 512, True, 4, True), (2, 2, 1, 256, True, 2, True)],
 )
 def test_kernel_matches_executor_and_reference(
-    tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, woa_parts: int, tiny_layer,
-    run_mono, run_reference, monkeypatch,
+    tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, woa_parts: int, words: bool,
+    tiny_layer, run_mono, run_reference, monkeypatch,
 ) -> None:
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
     monkeypatch.setenv("DSV41_MONO_WOA_PARTS", str(woa_parts))
+    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", str(int(words)))
     lw = tiny_layer(tp, layer_id, hidden)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     kernel_sc, exec_sc = sc.clone_caches(), sc.clone_caches()
@@ -70,16 +73,19 @@ def test_kernel_matches_executor_and_reference(
     assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
 
 
-@pytest.mark.parametrize("tokens, cores", [(1, True), (5, False)])
-def test_partial_last_k_block(tokens: int, cores: bool, tiny_layer, run_mono, run_reference,
-                              monkeypatch) -> None:
+@pytest.mark.parametrize("tokens, cores, words", [(1, True, False), (1, True, True),
+                                                 (5, False, False)])
+def test_partial_last_k_block(tokens: int, cores: bool, words: bool, tiny_layer, run_mono,
+                              run_reference, monkeypatch) -> None:
     """q_rank 160: wq_b's K runs in one block of 256 whose last 96 columns are masked (at the
-    flash geometry 1280 runs in 512, 512, 256), on CUDA cores and on tensor cores."""
+    flash geometry 1280 runs in 512, 512, 256), on CUDA cores (weights as values or as words)
+    and on tensor cores."""
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
+    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", str(int(words)))
     lw = tiny_layer(4, 1, q_rank=160)
     sc = make_scenario(lw.dims, 1, tokens, seed=11)
     runner = MonoRunner(lw, tokens)
-    assert runner.plan.tiling["BK_QR"] == 256
+    assert runner.plan.tiling["BK_QR"] == 256 and runner.plan.tiling["GEMV_WORDS"] == words
     got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
     assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
 

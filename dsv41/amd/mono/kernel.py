@@ -203,6 +203,95 @@ def _act_block(a_ptr, as_ptr, a_at, as_at, k0, K: tl.constexpr, BK: tl.constexpr
 
 
 @triton.jit
+def _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, k0, K: tl.constexpr, ROWS: tl.constexpr,
+                  BK: tl.constexpr):
+    """``_weight_block`` with the weights as int32 words ``[ROWS, BK / 4]``, four e4m3 values a
+    word, the lowest byte first: a block in flight holds a register a word, not one a value."""
+    r = tl.arange(0, ROWS)
+    c = k0 // 4 + tl.arange(0, BK // 4)
+    kc = k0 // MX + tl.arange(0, BK // MX)
+    words = w_ptr.to(tl.pointer_type(tl.int32))
+    w = tl.load(words + r[:, None] * (w_stride // 4) + c[None, :], mask=(c < K // 4)[None, :],
+                other=0, eviction_policy="evict_first")
+    ws = tl.load(ws_ptr + r[:, None] * ws_stride + kc[None, :], mask=(kc < K // MX)[None, :],
+                 other=0, eviction_policy="evict_first")
+    return w, ws
+
+
+@triton.jit
+def _act_words(a_ptr, as_ptr, k0, K: tl.constexpr, BK: tl.constexpr):
+    """One token's MXFP8 activation block ``a[k0 : k0 + BK]`` as int32 words ``[BK / 4]`` and
+    ``[BK / 32]`` codes (``.cg``: written in this launch); nothing past K is read."""
+    c = k0 // 4 + tl.arange(0, BK // 4)
+    kb = k0 // MX + tl.arange(0, BK // MX)
+    aw = tl.load(a_ptr.to(tl.pointer_type(tl.int32)) + c, mask=c < K // 4, other=0,
+                 cache_modifier=".cg")
+    a_s = tl.load(as_ptr + kb, mask=kb < K // MX, other=0, cache_modifier=".cg")
+    return aw, a_s
+
+
+@triton.jit
+def _e4m3_byte(w, SHIFT: tl.constexpr):
+    return ((w >> SHIFT) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e4m3_words(w, PTX: tl.constexpr):
+    """The four e4m3 values of each int32 word of ``w``, lowest byte first, as four fp32 tensors:
+    with ``PTX`` two ``cvt.rn.f16x2.e4m3x2`` a word (NVIDIA), else byte by byte."""
+    if PTX:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi, e0, e1, e2, e3; .reg .b32 h01, h23;\n"
+            "mov.b32 {lo, hi}, $4;\n"
+            "cvt.rn.f16x2.e4m3x2 h01, lo;\n"
+            "cvt.rn.f16x2.e4m3x2 h23, hi;\n"
+            "mov.b32 {e0, e1}, h01;\n"
+            "mov.b32 {e2, e3}, h23;\n"
+            "cvt.f32.f16 $0, e0; cvt.f32.f16 $1, e1; cvt.f32.f16 $2, e2; cvt.f32.f16 $3, e3; }",
+            "=r,=r,=r,=r,r", [w], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True, pack=1,
+        )  # fmt: skip
+    return _e4m3_byte(w, 0), _e4m3_byte(w, 8), _e4m3_byte(w, 16), _e4m3_byte(w, 24)
+
+
+@triton.jit
+def _per_word(v, ROWS: tl.constexpr, BLOCKS: tl.constexpr):
+    """``v [ROWS, BLOCKS]`` (one per MX block) repeated for each of a block's 8 words."""
+    return tl.reshape(tl.broadcast_to(v[:, :, None], (ROWS, BLOCKS, MX // 4)),
+                      (ROWS, BLOCKS * MX // 4))
+
+
+@triton.jit
+def _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, w_stride, ws_stride, box_ptr, seen, tag,
+                spin_limit, ctl_ptr, ticket, ROWS: tl.constexpr, K: tl.constexpr,
+                BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """``_gemv`` of one token on CUDA cores with the weights in flight as int32 words
+    (``_weight_words``; three blocks ahead, the first three before the wait) and the
+    activation one block ahead: each word's four products summed, times the weight's scale,
+    added to the word's own lane; the lanes summed once, after the loop."""
+    BLOCKS: tl.constexpr = BK // MX
+    w0, ws0 = _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, 0, K, ROWS, BK)
+    w1, ws1 = _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, BK, K, ROWS, BK)
+    w2, ws2 = _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, 2 * BK, K, ROWS, BK)
+    ok = ticket >= 0
+    if box_ptr.to(tl.int64) != seen:
+        ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
+    aw, a_s = _act_words(a_ptr, as_ptr, 0, K, BK)
+    lanes = tl.zeros((ROWS, BK // 4), tl.float32)
+    for k0 in range(0, K, BK):
+        a_scale = _per_word(e8m0_scale_tl(a_s.to(tl.int32))[None, :], 1, BLOCKS)
+        a0, a1, a2, a3 = _e4m3_words(aw[None, :], PTX)
+        aw, a_s = _act_words(a_ptr, as_ptr, k0 + BK, K, BK)
+        v0, v1, v2, v3 = _e4m3_words(w0, PTX)
+        w_scale = _per_word(e8m0_scale_tl(ws0.to(tl.int32)), ROWS, BLOCKS)
+        w0, ws0 = w1, ws1
+        w1, ws1 = w2, ws2
+        w2, ws2 = _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 3 * BK, K, ROWS, BK)
+        lanes += (v0 * a0 + v1 * a1 + v2 * a2 + v3 * a3) * (w_scale * a_scale)
+    return tl.sum(lanes, axis=1)[None, :], ok
+
+
+@triton.jit
 def _block_dots(wf, a, w_scale):
     """``sum_b w_scale[:, b] * sum_j wf[:, b, j] a[b, j]``: fp32 sums, one per weight row."""
     return tl.sum(tl.sum(wf * a[None, :, :], axis=2) * w_scale, axis=1)
@@ -214,7 +303,7 @@ def _gemv(
     w_ptr, ws_ptr, w_stride, ws_stride,
     box_ptr, seen, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
-    CORES: tl.constexpr,
+    CORES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``,
     unless its address is ``seen``: the mailbox this program's previous GEMV task waited on
@@ -230,8 +319,13 @@ def _gemv(
     dequantized values summed in fp32, times the weight's scale, the blocks summed
     in fp32. With one token its activation block is loaded one block ahead, and each
     MX block's sum is added to its own lane across the K blocks; the lanes are summed
-    once, after the loop (no reduction across warps in the loop).
+    once, after the loop (no reduction across warps in the loop). With ``WORDS`` (one token
+    on CUDA cores) ``_gemv_words`` does it on weights held as int32 words.
     """
+    if WORDS:
+        tl.static_assert(CORES and TB == 1, "weight words: one token on CUDA cores")
+        return _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, w_stride, ws_stride, box_ptr, seen, tag,
+                           spin_limit, ctl_ptr, ticket, ROWS, K, BK, PTX)  # fmt: skip
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
     tok = tl.arange(0, TB)
@@ -473,7 +567,8 @@ def _combine(
 def _wqkv_task(
     t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag, spin_limit,
     ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr, CORES: tl.constexpr,
+    EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
@@ -484,7 +579,7 @@ def _wqkv_task(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
@@ -499,7 +594,8 @@ def _wqb_task(
     t, i, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
     S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
-    BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr,
+    BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
@@ -507,7 +603,7 @@ def _wqb_task(
         qx8_ptr, qx8s_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX,
     )
     tok = tl.arange(0, TB)
     q = bf16_round_tl(acc)
@@ -532,7 +628,8 @@ def _woa_task(
     w_ptr, ws_ptr, S, cap, seen, tag, spin_limit, ctl_ptr,
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
     PARTS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
-    CORES: tl.constexpr,
+    CORES: tl.constexpr, WORDS: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """wo_a rows ``32 block ..`` of group ``32 block // o_rank``, K part ``part`` of PARTS;
     the block's last part: ``z = bf16(sum of the parts)``, ``x8b = mxfp8(z)``."""
@@ -547,7 +644,7 @@ def _woa_task(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K + part * KP, ws_ptr + row0 * (GROUP_K // MX) + part * (KP // MX),
         GROUP_K, GROUP_K // MX, box, seen, tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, KP, TB, BK, EXACT, CORES,
+        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
@@ -577,14 +674,15 @@ def _woa_task(
 def _wob_task(
     t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr, CORES: tl.constexpr,
+    EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
     acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOB_ROWS)
@@ -623,12 +721,14 @@ def mono_kernel(
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
-    TRACE: tl.constexpr = False,
+    TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
     With ``TRACE`` each task's start and end (``%globaltimer``, waits included) and
     the program that ran it go to ``trace[ticket]`` (NVIDIA only; not in the interpreter).
+    ``GEMV_WORDS`` (one token on CUDA cores): the GEMV tasks hold their weights as int32 words
+    (``_gemv_words``), converted with PTX when ``CVT_PTX`` (NVIDIA, not the interpreter).
     """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
@@ -645,7 +745,7 @@ def mono_kernel(
         elif t < end_wqkv:
             ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
                                   wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
-                                  QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES)
+                                  QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -657,7 +757,7 @@ def mono_kernel(
             ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr,
                                  wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, seen, tag,
                                  spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT,
-                                 GEMV_CORES)
+                                 GEMV_CORES, GEMV_WORDS, CVT_PTX)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -683,11 +783,12 @@ def mono_kernel(
             ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
                                  wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr,
                                  S, cap, seen, tag, spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K,
-                                 O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES)
+                                 O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES, GEMV_WORDS,
+                                 CVT_PTX)
         else:
             ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
                                  wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB,
-                                 BK_OR, EXACT, GEMV_CORES)
+                                 BK_OR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX)
         if TRACE:
             row = trace_ptr + 3 * t.to(tl.int64)
             tl.store(row, started)

@@ -167,6 +167,7 @@ class MonoRunner:
             WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,
+            CVT_PTX=not _interpreted() and torch.version.hip is None,
             num_warps=num_warps(),
         )
 

@@ -80,7 +80,7 @@ import torch
 
 from dsv41.common.geometry import HEAD_TILE, Dims
 from dsv41.common.mx import MX_BLOCK
-from dsv41.common.switches import env_int
+from dsv41.common.switches import env_flag, env_int
 
 MONO_TP = (2, 4)  # ranks the mono kernel is built for
 MAX_TOKENS = 48  # decode tokens a step at most
@@ -136,6 +136,14 @@ def gemv_on_cores(tokens: int) -> bool:
     most = env_int("DSV41_MONO_GEMV_CORES", CORES_TOKENS, lambda v: v <= MAX_TOKENS,
                    f"a token count 0..{MAX_TOKENS}")  # fmt: skip
     return tokens <= most
+
+
+def gemv_words(tokens: int) -> bool:
+    """Whether one token's CUDA-core GEMV holds its weight blocks as int32 words (kernel
+    ``GEMV_WORDS``): ``DSV41_MONO_GEMV_WORDS`` = 1 at one token on CUDA cores; off until the
+    H200 has timed it."""
+    on = env_flag("DSV41_MONO_GEMV_WORDS", False)
+    return on and tokens == 1 and gemv_on_cores(tokens)
 
 
 def k_block(k: int, tokens: int) -> int:
@@ -263,7 +271,7 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b) and
-        ``GEMV_CORES``. Read once (the switches included), so the task tables and the
+        ``GEMV_CORES``, ``GEMV_WORDS``. Read once (the switches included), so the task tables and the
         launches built from one plan always agree."""
         m, d = self.dims.model, self.dims
         return {
@@ -272,6 +280,7 @@ class Plan:
             "BK_GK": k_block(d.group_k // self.woa_parts, self.tokens),
             "BK_OR": k_block(d.o_rows, self.tokens),
             "GEMV_CORES": gemv_on_cores(self.tokens),
+            "GEMV_WORDS": gemv_words(self.tokens),
         }
 
     @property
