@@ -225,6 +225,21 @@ def test_gemv_cores_switch_is_checked(monkeypatch) -> None:
             gemv_on_cores(1)
 
 
+def test_gemv_words_only_for_one_token_on_cuda_cores(monkeypatch) -> None:
+    from dsv41.amd.mono.plan import gemv_words
+
+    monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
+    monkeypatch.delenv("DSV41_MONO_GEMV_WORDS", raising=False)
+    assert not gemv_words(1)  # off by default
+    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "1")
+    assert gemv_words(1) and not gemv_words(2)
+    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "0")  # one token on tensor cores: no words
+    assert not gemv_words(1)
+    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "yes")
+    with pytest.raises(ValueError, match="DSV41_MONO_GEMV_WORDS: expected 0 or 1, got 'yes'"):
+        gemv_words(1)
+
+
 def test_woa_parts_are_checked(monkeypatch) -> None:
     dims = Dims.of("dsv41-flash", 4)
     monkeypatch.setenv("DSV41_MONO_WOA_PARTS", "2")
