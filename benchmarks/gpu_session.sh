@@ -207,8 +207,9 @@ if [ "$what" = s7-final ]; then
     tests/gpu/test_mega_attention_gpu.py --timeout 300 2>&1 | tail -2
 fi
 if [ "$what" = s8 ]; then
-  # Prepared for session 8 (about 3 minutes): mono's one-token GEMV on weights held as int32
-  # words (DSV41_MONO_GEMV_WORDS=1) against the default, both shares, and its trace.
+  # Prepared for session 8 (about 5 minutes): mono's one-token GEMV on weights held as int32
+  # words (DSV41_MONO_GEMV_WORDS=1) against the default, both shares, and its trace; mono's
+  # tensor-core GEMV blocks cut into 4 or 8 K segments against 1.
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
     2>&1 | grep -E "^(nvidia|mono) "; }
   for words in 0 1 0 1; do
@@ -219,10 +220,14 @@ if [ "$what" = s8 ]; then
   done
   DSV41_MONO_GEMV_WORDS=1 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
     2>&1 | tail -11
+  # tensor-core GEMV blocks cut into K segments (DSV41_MONO_MMA_SPLIT) at M = 8, 16, 48
+  for split in 1 4 8 1; do
+    DSV41_MONO_MMA_SPLIT=$split b --backend mono --tp 4 --tokens 8,16,48 | sed "s/^/split $split, tp 4: /"
+  done
 fi
 if [ "$what" = s8-tests ]; then
   # Prepared for session 8 (about 5 minutes): the mono GPU tests with the words on (they
-  # change the one-token steps only).
-  DSV41_MONO_GEMV_WORDS=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+  # change the one-token steps) and the K segments of the better split (SPLIT, default 8).
+  DSV41_MONO_GEMV_WORDS=1 DSV41_MONO_MMA_SPLIT=${SPLIT:-8} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     --timeout 500 2>&1 | tail -2
 fi

@@ -38,6 +38,27 @@ def test_kernel_matches_executor_and_reference(
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
     monkeypatch.setenv("DSV41_MONO_WOA_PARTS", str(woa_parts))
     monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", str(int(words)))
+    _against_executor_and_reference(tp, layer_id, tokens, hidden, tiny_layer, run_mono,
+                                    run_reference)  # fmt: skip
+
+
+@pytest.mark.parametrize("tp, layer_id, tokens", [(4, 1, 7), (2, 0, 48)])
+def test_mma_split_matches_executor_and_reference(
+    tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference, monkeypatch
+) -> None:
+    """Tensor-core GEMV blocks cut into 4 K segments (DSV41_MONO_MMA_SPLIT)."""
+    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "0")
+    monkeypatch.setenv("DSV41_MONO_MMA_SPLIT", "4")
+    runner = _against_executor_and_reference(tp, layer_id, tokens, 256, tiny_layer, run_mono,
+                                             run_reference)  # fmt: skip
+    assert runner.plan.tiling["MMA_SPLIT"] == 4
+
+
+def _against_executor_and_reference(
+    tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference
+) -> MonoRunner:
+    """Every scratch region of one launch against the schedule executor's, y against the
+    reference (the switches as the caller set them)."""
     lw = tiny_layer(tp, layer_id, hidden)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     kernel_sc, exec_sc = sc.clone_caches(), sc.clone_caches()
@@ -71,6 +92,7 @@ def test_kernel_matches_executor_and_reference(
 
     got = parity(lw.dims, seams, run_reference(lw, sc))
     assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+    return runner
 
 
 @pytest.mark.parametrize("tokens, cores, words", [(1, True, False), (1, True, True),

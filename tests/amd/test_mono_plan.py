@@ -240,6 +240,22 @@ def test_gemv_words_only_for_one_token_on_cuda_cores(monkeypatch) -> None:
         gemv_words(1)
 
 
+def test_mma_split_is_checked(monkeypatch) -> None:
+    from dsv41.amd.mono.plan import mma_split
+
+    monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
+    monkeypatch.delenv("DSV41_MONO_MMA_SPLIT", raising=False)
+    assert mma_split(16) == 1  # off by default
+    monkeypatch.setenv("DSV41_MONO_MMA_SPLIT", "8")
+    assert mma_split(16) == 8 and mma_split(1) == 1  # one token runs on CUDA cores
+    assert Plan(Dims.of("dsv41-flash", 4), 48).tiling["MMA_SPLIT"] == 8
+    with pytest.raises(ValueError, match=r"DSV41_MONO_MMA_SPLIT: expected K segments of >= 16"):
+        Plan(Dims.of("tiny", 4), 48).tiling  # noqa: B018 (a K block of 64 in 8 segments)
+    monkeypatch.setenv("DSV41_MONO_MMA_SPLIT", "3")
+    with pytest.raises(ValueError, match="DSV41_MONO_MMA_SPLIT: expected 1, 2, 4 or 8, got '3'"):
+        mma_split(16)
+
+
 def test_woa_parts_are_checked(monkeypatch) -> None:
     dims = Dims.of("dsv41-flash", 4)
     monkeypatch.setenv("DSV41_MONO_WOA_PARTS", "2")

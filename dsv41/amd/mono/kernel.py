@@ -133,6 +133,20 @@ def _mma(a, b, acc, EXACT: tl.constexpr):
 
 
 @triton.jit
+def _mma_split(a, w, acc3, SPLIT: tl.constexpr, EXACT: tl.constexpr):
+    """``acc3 + a @ w^T`` per K segment: ``a [TB, BK]`` and ``w [ROWS, BK]`` cut along K into
+    SPLIT segments, one batch of a batched dot each, ``acc3 [SPLIT, TB, ROWS]`` (sum it over
+    axis 0 for the product). A small tile (16 x 16) has fewer MMA tiles than a program has
+    warps: without the cut the warps repeat each other's dequantization and MMAs."""
+    TB: tl.constexpr = a.shape[0]
+    ROWS: tl.constexpr = w.shape[0]
+    SEG: tl.constexpr = a.shape[1] // SPLIT
+    a3 = tl.permute(tl.reshape(a, (TB, SPLIT, SEG)), (1, 0, 2))
+    w3 = tl.permute(tl.reshape(w, (ROWS, SPLIT, SEG)), (1, 2, 0))
+    return _mma(a3, w3, acc3, EXACT)
+
+
+@triton.jit
 def _mma_fp32_lhs(a, b, acc, EXACT: tl.constexpr):
     """``acc + a @ b`` for an fp32 ``a`` and a bf16-exact ``b``: ``a = hi + mid + lo`` in bf16.
 
@@ -303,7 +317,7 @@ def _gemv(
     w_ptr, ws_ptr, w_stride, ws_stride,
     box_ptr, seen, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
-    CORES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
+    CORES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``,
     unless its address is ``seen``: the mailbox this program's previous GEMV task waited on
@@ -320,7 +334,8 @@ def _gemv(
     in fp32. With one token its activation block is loaded one block ahead, and each
     MX block's sum is added to its own lane across the K blocks; the lanes are summed
     once, after the loop (no reduction across warps in the loop). With ``WORDS`` (one token
-    on CUDA cores) ``_gemv_words`` does it on weights held as int32 words.
+    on CUDA cores) ``_gemv_words`` does it on weights held as int32 words. On tensor cores
+    with ``SPLIT`` > 1 each K block's product runs as ``_mma_split``.
     """
     if WORDS:
         tl.static_assert(CORES and TB == 1, "weight words: one token on CUDA cores")
@@ -363,6 +378,8 @@ def _gemv(
         if TB == 1:
             acc += tl.sum(lanes, axis=1)[None, :]
         return acc, ok
+    if SPLIT > 1:
+        acc3 = tl.zeros((SPLIT, TB, ROWS), tl.float32)
     for k0 in range(0, K, BK):
         a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :],
                     mask=live & (k0 + k < K)[None, :], other=0.0, cache_modifier=".cg")
@@ -371,7 +388,13 @@ def _gemv(
         w_deq = mx_dequantize_tl(w0, ws0.to(tl.int32), ROWS, BK)
         w0, ws0 = w1, ws1
         w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 2 * BK, K, ROWS, BK)
-        acc = _mma(mx_dequantize_tl(a, a_s.to(tl.int32), TB, BK), tl.trans(w_deq), acc, EXACT)
+        a_deq = mx_dequantize_tl(a, a_s.to(tl.int32), TB, BK)
+        if SPLIT > 1:
+            acc3 = _mma_split(a_deq, w_deq, acc3, SPLIT, EXACT)
+        else:
+            acc = _mma(a_deq, tl.trans(w_deq), acc, EXACT)
+    if SPLIT > 1:
+        acc = tl.sum(acc3, axis=0)
     return acc, ok
 
 
@@ -568,7 +591,7 @@ def _wqkv_task(
     t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag, spin_limit,
     ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
     EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
@@ -579,7 +602,7 @@ def _wqkv_task(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
@@ -595,7 +618,7 @@ def _wqb_task(
     S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
     BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
@@ -603,7 +626,7 @@ def _wqb_task(
         qx8_ptr, qx8s_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
     tok = tl.arange(0, TB)
     q = bf16_round_tl(acc)
@@ -629,7 +652,7 @@ def _woa_task(
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
     PARTS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """wo_a rows ``32 block ..`` of group ``32 block // o_rank``, K part ``part`` of PARTS;
     the block's last part: ``z = bf16(sum of the parts)``, ``x8b = mxfp8(z)``."""
@@ -644,7 +667,7 @@ def _woa_task(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K + part * KP, ws_ptr + row0 * (GROUP_K // MX) + part * (KP // MX),
         GROUP_K, GROUP_K // MX, box, seen, tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX,
+        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
@@ -675,14 +698,14 @@ def _wob_task(
     t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
     EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
     acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOB_ROWS)
@@ -722,6 +745,7 @@ def mono_kernel(
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
+    MMA_SPLIT: tl.constexpr = 1,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
@@ -745,7 +769,8 @@ def mono_kernel(
         elif t < end_wqkv:
             ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
                                   wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
-                                  QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX)
+                                  QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
+                                 MMA_SPLIT)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -757,7 +782,8 @@ def mono_kernel(
             ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr,
                                  wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, seen, tag,
                                  spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT,
-                                 GEMV_CORES, GEMV_WORDS, CVT_PTX)
+                                 GEMV_CORES, GEMV_WORDS, CVT_PTX,
+                                 MMA_SPLIT)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -784,11 +810,12 @@ def mono_kernel(
                                  wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr,
                                  S, cap, seen, tag, spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K,
                                  O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES, GEMV_WORDS,
-                                 CVT_PTX)
+                                 CVT_PTX, MMA_SPLIT)
         else:
             ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
                                  wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB,
-                                 BK_OR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX)
+                                 BK_OR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
+                                 MMA_SPLIT)
         if TRACE:
             row = trace_ptr + 3 * t.to(tl.int64)
             tl.store(row, started)

@@ -99,6 +99,7 @@ CORES_TOKENS = 4
 # wo_a's K (group_k) runs in WOA_K_PARTS parts, a task each (DSV41_MONO_WOA_PARTS overrides it):
 # 32-row tasks over the whole K were 64 tasks of 128 KB at tp 4, for 132 programs.
 WOA_K_PARTS = 4
+MMA_MIN_K = 16  # the smallest K of a bf16 MMA: a K segment of _mma_split has at least this
 KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -144,6 +145,14 @@ def gemv_words(tokens: int) -> bool:
     H200 has timed it."""
     on = env_flag("DSV41_MONO_GEMV_WORDS", False)
     return on and tokens == 1 and gemv_on_cores(tokens)
+
+
+def mma_split(tokens: int) -> int:
+    """K segments a tensor-core GEMV block is cut into (kernel ``MMA_SPLIT``, ``_mma_split``):
+    ``DSV41_MONO_MMA_SPLIT`` (1, 2, 4 or 8) when set, else 1; 1 on CUDA cores. Off until
+    the H200 has timed it."""
+    split = env_int("DSV41_MONO_MMA_SPLIT", 1, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
+    return 1 if gemv_on_cores(tokens) else split
 
 
 def k_block(k: int, tokens: int) -> int:
@@ -271,16 +280,25 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b) and
-        ``GEMV_CORES``, ``GEMV_WORDS``. Read once (the switches included), so the task tables and the
+        ``GEMV_CORES``, ``GEMV_WORDS``, ``MMA_SPLIT``. Read once (the switches included), so the task tables and the
         launches built from one plan always agree."""
         m, d = self.dims.model, self.dims
-        return {
+        blocks = {
             "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
             "BK_QR": tail_k_block(m.q_rank, self.tokens),
             "BK_GK": k_block(d.group_k // self.woa_parts, self.tokens),
             "BK_OR": k_block(d.o_rows, self.tokens),
+        }
+        split = mma_split(self.tokens)
+        if split > 1 and min(blocks.values()) // split < MMA_MIN_K:
+            raise ValueError(
+                f"DSV41_MONO_MMA_SPLIT: expected K segments of >= {MMA_MIN_K} columns, got "
+                f"{split} segments of the K blocks {blocks}"
+            )
+        return blocks | {
             "GEMV_CORES": gemv_on_cores(self.tokens),
             "GEMV_WORDS": gemv_words(self.tokens),
+            "MMA_SPLIT": split,
         }
 
     @property
