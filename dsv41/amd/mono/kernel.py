@@ -246,6 +246,7 @@ def _act_words(a_ptr, as_ptr, k0, K: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _e4m3_byte(w, SHIFT: tl.constexpr):
+    """The e4m3 value in bits ``SHIFT .. SHIFT + 8`` of each int32 of ``w``, as fp32."""
     return ((w >> SHIFT) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
