@@ -29,6 +29,7 @@ from dsv41.common.kv_cache import (
     FP8_MX,
     KV_DIM,
     NOPE_DIM,
+    PagedKVCache,
     RecordFormat,
     record_format,
 )
@@ -67,6 +68,17 @@ def decode_entries_tl(entries, window_slots, compressed_slots):
     slot = (entries & _SLOT_MASK).to(tl.int64)
     limit = tl.where(is_compressed, compressed_slots, window_slots).to(tl.int64)
     return is_compressed, slot, slot < limit
+
+
+ROW_ALIGN = 16  # bytes: a data row at a multiple of this loads in 16-B pieces
+
+
+def data_rows_aligned(cache: PagedKVCache) -> bool:
+    """Whether every record's data row in ``cache`` starts ``ROW_ALIGN``-B aligned: the base
+    address, and the row offsets ``record_offsets_tl`` states aligned (fp8_mx always, fp8_ds_mla
+    in pages of an even number of records)."""
+    rows = cache.fmt != FP8_DS_MLA or cache.block % 2 == 0
+    return rows and cache.data.data_ptr() % ROW_ALIGN == 0
 
 
 @triton.jit

@@ -20,9 +20,9 @@ When M is small the key table is split over several programs so the GPU fills
 at M = 1. Each split writes fp32 partials (unnormalised o, running max, sum),
 and a second launch combines them: one program per (token, head tile, 32-dim
 chunk, ``COMBINE_HEADS`` heads), so the combine reads the partials in parallel
-rather than through one program, and the epilogue (sink, inverse RoPE, bf16, MXFP8 cast, fused-O store)
-is chunk-local (RoPE pairs and MX blocks never cross a 32-dim chunk). With one
-split the attention program runs the epilogue itself. Neither launch syncs
+rather than through one program, and the epilogue (sink, inverse RoPE, bf16,
+MXFP8 cast, fused-O store) is chunk-local (RoPE pairs and MX blocks never cross
+a 32-dim chunk). With one split the attention program runs the epilogue itself. Neither launch syncs
 with the host or keeps state between calls, so a step can be captured in a
 CUDA graph. Products of a bf16 q and a dequantized key are exact in bf16, so
 on the GPU the score dot runs on bf16 operands and the output dot on a bf16
@@ -40,8 +40,14 @@ import triton.language as tl
 
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE
-from dsv41.common.kv_cache import FP8_DS_MLA, KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
-from dsv41.common.kv_records_tl import decode_entries_tl, fmt_id, load_records_tl, record_offsets_tl
+from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
+from dsv41.common.kv_records_tl import (
+    data_rows_aligned,
+    decode_entries_tl,
+    fmt_id,
+    load_records_tl,
+    record_offsets_tl,
+)
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag
@@ -55,7 +61,6 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
 # (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16-head programs; session 7: 37.6
 # against 38.9 with 2 heads and 39.1 with 1)
-ROW_ALIGN = 16  # bytes: the alignment of a record's data row that lets it load in 16-B pieces
 PROGRAMS_PER_SM = 4  # split the keys until the launch has this many programs a SM: each
 # program walks its keys one dependent gather at a time, so more of them hide the latency
 LOG2_E = math.log2(math.e)
@@ -281,12 +286,8 @@ def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
 
 
 def _rows_aligned(*caches: PagedKVCache) -> bool:
-    """Whether every record's data row starts 16-B aligned in these caches (their base
-    addresses, and the row offsets ``record_offsets_tl`` states for their format and page size)."""
-    return all(
-        c.data.data_ptr() % ROW_ALIGN == 0 and (c.fmt != FP8_DS_MLA or c.block % 2 == 0)
-        for c in caches
-    )
+    """Whether every record's data row starts 16-B aligned in all these caches."""
+    return all(data_rows_aligned(c) for c in caches)
 
 
 def _check(
