@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|s8b|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
-# s7-final: session 7's last call; s8, s8-tests: prepared for session 8.
+# s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b: session 8's call 2.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -230,4 +230,21 @@ if [ "$what" = s8-tests ]; then
   # change the one-token steps) and the K segments of the better split (SPLIT, default 8).
   DSV41_MONO_GEMV_WORDS=1 DSV41_MONO_MMA_SPLIT=${SPLIT:-8} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     --timeout 500 2>&1 | tail -2
+fi
+if [ "$what" = s8b ]; then
+  # Session 8, call 2 (about 4 minutes): the tables with the words and K segments on by
+  # default; tensor cores with 8 segments at M = 2, 4 (CUDA cores for one token only); 8 and
+  # 4 segments at M = 32; mono's trace at M = 16.
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
+    | sed "s/^/tp 4: /"
+  b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
+  DSV41_MONO_GEMV_CORES=1 b --backend mono --tp 4 --tokens 2,4 | sed "s/^/cores 1: /"
+  DSV41_MONO_GEMV_CORES=1 b --backend mono --tp 2 --tokens 2,4 | sed "s/^/cores 1, tp 2: /"
+  b --backend mono --tp 2 --tokens 2,4 | sed "s/^/cores 4, tp 2: /"
+  for split in 8 4; do
+    DSV41_MONO_MMA_SPLIT=$split b --backend mono --tp 4 --tokens 32 | sed "s/^/split $split: /"
+  done
+  timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 16 2>&1 | tail -11
 fi

@@ -230,9 +230,10 @@ def test_gemv_words_only_for_one_token_on_cuda_cores(monkeypatch) -> None:
 
     monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
     monkeypatch.delenv("DSV41_MONO_GEMV_WORDS", raising=False)
-    assert not gemv_words(1)  # off by default
+    assert gemv_words(1) and not gemv_words(2)  # on by default, one token only
+    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "0")
+    assert not gemv_words(1)
     monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "1")
-    assert gemv_words(1) and not gemv_words(2)
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "0")  # one token on tensor cores: no words
     assert not gemv_words(1)
     monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "yes")
@@ -245,7 +246,12 @@ def test_mma_split_is_checked(monkeypatch) -> None:
 
     monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
     monkeypatch.delenv("DSV41_MONO_MMA_SPLIT", raising=False)
-    assert mma_split(16) == 1  # off by default
+    assert mma_split(16) is None and mma_split(1) == 1  # the plan picks; CUDA cores: 1
+    flash, tiny = Dims.of("dsv41-flash", 4), Dims.of("tiny", 4)
+    # flash: K blocks of 512 (8 segments of 64) up to 16 tokens, none cut above; tiny: wo_b's
+    # K block of 64 takes 4 segments of 16
+    assert [Plan(flash, s).tiling["MMA_SPLIT"] for s in (5, 16, 17, 48)] == [8, 8, 1, 1]
+    assert Plan(tiny, 16).tiling["MMA_SPLIT"] == 4
     monkeypatch.setenv("DSV41_MONO_MMA_SPLIT", "8")
     assert mma_split(16) == 8 and mma_split(1) == 1  # one token runs on CUDA cores
     assert Plan(Dims.of("dsv41-flash", 4), 48).tiling["MMA_SPLIT"] == 8

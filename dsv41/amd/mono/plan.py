@@ -100,6 +100,12 @@ CORES_TOKENS = 4
 # 32-row tasks over the whole K were 64 tasks of 128 KB at tp 4, for 132 programs.
 WOA_K_PARTS = 4
 MMA_MIN_K = 16  # the smallest K of a bf16 MMA: a K segment of _mma_split has at least this
+# Tensor-core GEMV blocks of up to SPLIT_TOKENS tokens run in MMA_SPLIT K segments (at most: each
+# of >= MMA_MIN_K columns); DSV41_MONO_MMA_SPLIT overrides it. H200, tp 4, us a step at
+# M = 8 / 16 / 48 in 8 segments: 124.8 / 136.5 / 317.1; 4: 125.7 / 137.6 / 325.8; whole blocks:
+# 164.1 / 177.1 / 244.7.
+SPLIT_TOKENS = 16
+MMA_SPLIT = 8
 KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -141,17 +147,17 @@ def gemv_on_cores(tokens: int) -> bool:
 
 def gemv_words(tokens: int) -> bool:
     """Whether one token's CUDA-core GEMV holds its weight blocks as int32 words (kernel
-    ``GEMV_WORDS``): ``DSV41_MONO_GEMV_WORDS`` = 1 at one token on CUDA cores; off until the
-    H200 has timed it."""
-    on = env_flag("DSV41_MONO_GEMV_WORDS", False)
+    ``GEMV_WORDS``): at one token on CUDA cores, unless ``DSV41_MONO_GEMV_WORDS`` = 0.
+    H200, tp 4 / tp 2, M = 1: 72.1 / 104.4 us a step with words, 73.3 / 107.8 without."""
+    on = env_flag("DSV41_MONO_GEMV_WORDS", True)
     return on and tokens == 1 and gemv_on_cores(tokens)
 
 
-def mma_split(tokens: int) -> int:
+def mma_split(tokens: int) -> int | None:
     """K segments a tensor-core GEMV block is cut into (kernel ``MMA_SPLIT``, ``_mma_split``):
-    ``DSV41_MONO_MMA_SPLIT`` (1, 2, 4 or 8) when set, else 1; 1 on CUDA cores. Off until
-    the H200 has timed it."""
-    split = env_int("DSV41_MONO_MMA_SPLIT", 1, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
+    ``DSV41_MONO_MMA_SPLIT`` (1, 2, 4 or 8) when set, 1 on CUDA cores, else None: the plan
+    picks (``Plan.tiling``)."""
+    split = env_int("DSV41_MONO_MMA_SPLIT", None, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
     return 1 if gemv_on_cores(tokens) else split
 
 
@@ -290,7 +296,10 @@ class Plan:
             "BK_OR": k_block(d.o_rows, self.tokens),
         }
         split = mma_split(self.tokens)
-        if split > 1 and min(blocks.values()) // split < MMA_MIN_K:
+        if split is None:  # as many segments as the smallest K block allows, MMA_SPLIT at most
+            most = MMA_SPLIT if self.tokens <= SPLIT_TOKENS else 1
+            split = max(1, min(most, min(blocks.values()) // MMA_MIN_K))
+        elif split > 1 and min(blocks.values()) // split < MMA_MIN_K:
             raise ValueError(
                 f"DSV41_MONO_MMA_SPLIT: expected K segments of >= {MMA_MIN_K} columns, got "
                 f"{split} segments of the K blocks {blocks}"
