@@ -94,8 +94,10 @@ GEMV_BLOCK_FEW = 512
 FEW_TOKENS = 16
 # Steps of up to CORES_TOKENS tokens multiply their GEMV blocks on CUDA cores (kernel.py, _gemv);
 # DSV41_MONO_GEMV_CORES overrides it. H200, tp 4, us a step at M = 1 / 4 / 16 on tensor cores:
-# 173.0 / 178.4 / 190.9; on CUDA cores: 94.2 / 163.5 / 449.1.
-CORES_TOKENS = 4
+# 173.0 / 178.4 / 190.9; on CUDA cores: 94.2 / 163.5 / 449.1 (session 5). With tensor-core
+# blocks in 8 K segments (session 8), tp 4 / tp 2, M = 2: 120.9 / 184.3 on tensor cores, 107.0
+# / 169.1 on CUDA cores; M = 4: 122.3 / 187.4 on tensor cores, 138.8 / 238.1 on CUDA cores.
+CORES_TOKENS = 2
 # wo_a's K (group_k) runs in WOA_K_PARTS parts, a task each (DSV41_MONO_WOA_PARTS overrides it):
 # 32-row tasks over the whole K were 64 tasks of 128 KB at tp 4, for 132 programs.
 WOA_K_PARTS = 4
