@@ -42,6 +42,19 @@ def test_kernel_matches_executor_and_reference(
                                     run_reference)  # fmt: skip
 
 
+@pytest.mark.parametrize("tp, layer_id", [(4, 1), (2, 2)])
+def test_pairs_match_executor_and_reference(
+    tp: int, layer_id: int, tiny_layer, run_mono, run_reference, monkeypatch
+) -> None:
+    """One token's wq_b and wo_b tasks two at once (DSV41_MONO_PAIRS): the interpreter runs
+    one program at a time, so each such task's next ticket is the next task of its stage."""
+    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "1")
+    monkeypatch.setenv("DSV41_MONO_PAIRS", "1")
+    runner = _against_executor_and_reference(tp, layer_id, 1, 256, tiny_layer, run_mono,
+                                             run_reference)  # fmt: skip
+    assert runner.plan.tiling["GEMV_PAIRS"] and runner.plan.tiling["GEMV_WORDS"]
+
+
 @pytest.mark.parametrize("tp, layer_id, tokens", [(4, 1, 7), (2, 0, 48)])
 def test_mma_split_matches_executor_and_reference(
     tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference, monkeypatch

@@ -217,17 +217,17 @@ def _act_block(a_ptr, as_ptr, a_at, as_at, k0, K: tl.constexpr, BK: tl.constexpr
 
 
 @triton.jit
-def _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, k0, K: tl.constexpr, ROWS: tl.constexpr,
-                  BK: tl.constexpr):
-    """``_weight_block`` with the weights as int32 words ``[ROWS, BK / 4]``, four e4m3 values a
-    word, the lowest byte first: a block in flight holds a register a word, not one a value."""
-    r = tl.arange(0, ROWS)
+def _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0, K: tl.constexpr,
+                  BK: tl.constexpr):  # fmt: skip
+    """``_weight_block`` of the weight rows ``rows`` (any rows, one stride) with the weights as
+    int32 words ``[len(rows), BK / 4]``, four e4m3 values a word, the lowest byte first: a block
+    in flight holds a register a word, not one a value."""
     c = k0 // 4 + tl.arange(0, BK // 4)
     kc = k0 // MX + tl.arange(0, BK // MX)
     words = w_ptr.to(tl.pointer_type(tl.int32))
-    w = tl.load(words + r[:, None] * (w_stride // 4) + c[None, :], mask=(c < K // 4)[None, :],
+    w = tl.load(words + rows[:, None] * (w_stride // 4) + c[None, :], mask=(c < K // 4)[None, :],
                 other=0, eviction_policy="evict_first")
-    ws = tl.load(ws_ptr + r[:, None] * ws_stride + kc[None, :], mask=(kc < K // MX)[None, :],
+    ws = tl.load(ws_ptr + rows[:, None] * ws_stride + kc[None, :], mask=(kc < K // MX)[None, :],
                  other=0, eviction_policy="evict_first")
     return w, ws
 
@@ -277,17 +277,18 @@ def _per_word(v, ROWS: tl.constexpr, BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, w_stride, ws_stride, box_ptr, seen, tag,
-                spin_limit, ctl_ptr, ticket, ROWS: tl.constexpr, K: tl.constexpr,
-                BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
-    """``_gemv`` of one token on CUDA cores with the weights in flight as int32 words
-    (``_weight_words``; three blocks ahead, the first three before the wait) and the
-    activation one block ahead: each word's four products summed, times the weight's scale,
-    added to the word's own lane; the lanes summed once, after the loop."""
+def _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr, seen, tag,
+                spin_limit, ctl_ptr, ticket, K: tl.constexpr, BK: tl.constexpr,
+                PTX: tl.constexpr):  # fmt: skip
+    """``_gemv`` of one token on CUDA cores for the weight rows ``rows`` with the weights in
+    flight as int32 words (``_weight_words``; three blocks ahead, the first three before the
+    wait) and the activation one block ahead: each word's four products summed, times the
+    weight's scale, added to the word's own lane; the lanes summed once, after the loop."""
+    ROWS: tl.constexpr = rows.shape[0]
     BLOCKS: tl.constexpr = BK // MX
-    w0, ws0 = _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, 0, K, ROWS, BK)
-    w1, ws1 = _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, BK, K, ROWS, BK)
-    w2, ws2 = _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, 2 * BK, K, ROWS, BK)
+    w0, ws0 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 0, K, BK)
+    w1, ws1 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, BK, K, BK)
+    w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 2 * BK, K, BK)
     ok = ticket >= 0
     if box_ptr.to(tl.int64) != seen:
         ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
@@ -301,9 +302,27 @@ def _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, w_stride, ws_stride, box_ptr, seen
         w_scale = _per_word(e8m0_scale_tl(ws0.to(tl.int32)), ROWS, BLOCKS)
         w0, ws0 = w1, ws1
         w1, ws1 = w2, ws2
-        w2, ws2 = _weight_words(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 3 * BK, K, ROWS, BK)
+        w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0 + 3 * BK, K, BK)
         lanes += (v0 * a0 + v1 * a1 + v2 * a2 + v3 * a3) * (w_scale * a_scale)
     return tl.sum(lanes, axis=1)[None, :], ok
+
+
+@triton.jit
+def _gemv_pair(a_ptr, as_ptr, w_ptr, ws_ptr, row_a, row_b, w_stride, ws_stride, box_ptr, seen,
+               tag, spin_limit, ctl_ptr, ticket, ROWS: tl.constexpr, K: tl.constexpr,
+               BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """Two one-token GEMV tasks of a stage at once, weight rows ``row_a ..`` and ``row_b ..``
+    (ROWS each) against the same activation: ``_gemv_words`` over both tasks' rows, so both
+    tasks' weights are in flight before the one wait. Returns ``(acc_a, acc_b, ok)``."""
+    r = tl.arange(0, 2 * ROWS)
+    rows = tl.where(r < ROWS, row_a + r, row_b + r - ROWS)
+    acc, ok = _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr, seen,
+                          tag, spin_limit, ctl_ptr, ticket, K, BK, PTX)  # fmt: skip
+    halves = tl.reshape(acc, (2, ROWS))
+    first = (tl.arange(0, 2) == 0)[:, None]
+    acc_a = tl.sum(tl.where(first, halves, 0.0), axis=0)[None, :]
+    acc_b = tl.sum(tl.where(first, 0.0, halves), axis=0)[None, :]
+    return acc_a, acc_b, ok
 
 
 @triton.jit
@@ -340,8 +359,8 @@ def _gemv(
     """
     if WORDS:
         tl.static_assert(CORES and TB == 1, "weight words: one token on CUDA cores")
-        return _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, w_stride, ws_stride, box_ptr, seen, tag,
-                           spin_limit, ctl_ptr, ticket, ROWS, K, BK, PTX)  # fmt: skip
+        return _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, tl.arange(0, ROWS), w_stride, ws_stride,
+                           box_ptr, seen, tag, spin_limit, ctl_ptr, ticket, K, BK, PTX)  # fmt: skip
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
     tok = tl.arange(0, TB)
@@ -629,6 +648,33 @@ def _wqb_task(
         Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
         WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
+    _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE, HEADS,
+             TB)  # fmt: skip
+    return ok, qrdy_ptr.to(tl.int64)
+
+
+@triton.jit
+def _wqb_pair(
+    t, i, i2, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr,
+    rope_rows, S, seen, tag, spin_limit, ctl_ptr,
+    Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, BK: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """wq_b tasks ``i`` and ``i2`` of one token at once (``_gemv_pair``)."""
+    acc, acc2, ok = _gemv_pair(qx8_ptr, qx8s_ptr, w_ptr, ws_ptr, i * WQB_ROWS, i2 * WQB_ROWS,
+                               Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
+                               WQB_ROWS, Q_RANK, BK, PTX)  # fmt: skip
+    _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE, HEADS,
+             1)  # fmt: skip
+    _wqb_out(i2, acc2, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE,
+             HEADS, 1)  # fmt: skip
+    return ok, qrdy_ptr.to(tl.int64)
+
+
+@triton.jit
+def _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag,
+             NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr):  # fmt: skip
+    """wq_b task i's epilogue: ``q = rope(bf16(acc))`` stored, its head tile's mailbox told."""
     tok = tl.arange(0, TB)
     q = bf16_round_tl(acc)
     dim0 = (i // HEADS) * Q_CHUNK_
@@ -643,7 +689,6 @@ def _wqb_task(
     tile = (i % HEADS) // HEAD_TILE_
     tile_heads = tl.minimum(HEADS - tile * HEAD_TILE_, HEAD_TILE_)
     _arrive(qrdy_ptr + 2 * (1 + tile), HEAD_DIM // Q_CHUNK_ * tile_heads, tag, ok)
-    return ok, qrdy_ptr.to(tl.int64)
 
 
 @triton.jit
@@ -708,14 +753,44 @@ def _wob_task(
         ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
         WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
+    _wob_out(i, acc, y_ptr, S, HIDDEN, TB)
+    return ok, ardy_ptr.to(tl.int64)
+
+
+@triton.jit
+def _wob_pair(
+    t, i, i2, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
+    HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, BK: tl.constexpr, PTX: tl.constexpr,
+):
+    """wo_b tasks ``i`` and ``i2`` of one token at once (``_gemv_pair``)."""
+    acc, acc2, ok = _gemv_pair(x8b_ptr, x8bs_ptr, w_ptr, ws_ptr, i * WOB_ROWS, i2 * WOB_ROWS,
+                               O_ROWS, O_ROWS // MX, ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
+                               WOB_ROWS, O_ROWS, BK, PTX)  # fmt: skip
+    _wob_out(i, acc, y_ptr, S, HIDDEN, 1)
+    _wob_out(i2, acc2, y_ptr, S, HIDDEN, 1)
+    return ok, ardy_ptr.to(tl.int64)
+
+
+@triton.jit
+def _wob_out(i, acc, y_ptr, S, HIDDEN: tl.constexpr, TB: tl.constexpr):
+    """wo_b task i's epilogue: ``y = bf16(acc)`` stored."""
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOB_ROWS)
     tl.store(y_ptr + tok[:, None] * HIDDEN + i * WOB_ROWS + r[None, :],
              bf16_round_tl(acc).to(tl.bfloat16), mask=(tok < S)[:, None])
-    return ok, ardy_ptr.to(tl.int64)
 
 
 # -- the kernel ----------------------------------------------------------------------
+
+
+@triton.jit
+def _trace(trace_ptr, ticket, started, ended):
+    """``trace[ticket] = (started, ended, program)`` (nothing for a ticket < 0)."""
+    row = trace_ptr + 3 * ticket.to(tl.int64)
+    live = ticket >= 0
+    tl.store(row, started, mask=live)
+    tl.store(row + 1, ended, mask=live)
+    tl.store(row + 2, tl.program_id(0).to(tl.int64), mask=live)
 
 
 @triton.jit
@@ -746,7 +821,7 @@ def mono_kernel(
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
-    MMA_SPLIT: tl.constexpr = 1,
+    MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
@@ -754,6 +829,9 @@ def mono_kernel(
     the program that ran it go to ``trace[ticket]`` (NVIDIA only; not in the interpreter).
     ``GEMV_WORDS`` (one token on CUDA cores): the GEMV tasks hold their weights as int32 words
     (``_gemv_words``), converted with PTX when ``CVT_PTX`` (NVIDIA, not the interpreter).
+    ``GEMV_PAIRS`` (with ``GEMV_WORDS``): a wq_b or wo_b task takes its program's next ticket
+    before it starts; when that ticket is a task of the same stage both run as one
+    (``_gemv_pair``), else the next ticket is held for the next turn of the loop.
     """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
@@ -761,9 +839,19 @@ def mono_kernel(
     t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
     ok = t >= 0
     seen = ctl_ptr.to(tl.int64)  # address of the mailbox this program's last GEMV task waited on
+    held = t * 0 - 1  # a ticket taken ahead (GEMV_PAIRS), -1 when none
     while (t < end_wob) & ok:
         if TRACE:
             started = globaltimer_tl(t)
+        paired = t * 0 - 1  # the ticket run together with t, -1 when none
+        # Nested: a constexpr joined to a tensor with `and` is not dropped at compile time by
+        # every Triton (nor is a chain of three accepted), so constexpr guards stand alone.
+        if GEMV_PAIRS:  # noqa: SIM102
+            if ((t >= end_norm) & (t < end_wqb)) | (t >= end_woa):
+                held = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
+                if held < tl.where(t < end_wqb, end_wqb, end_wob):  # the same stage as t
+                    paired = held
+                    held = t * 0 - 1
         if t < end_xq:  # xq is the first stage: its task index is the ticket
             _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
             _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
@@ -780,11 +868,19 @@ def mono_kernel(
                       Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
             _arrive(qrdy_ptr, S, tag, ok)
         elif t < end_wqb:
-            ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr,
-                                 wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, seen, tag,
-                                 spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT,
-                                 GEMV_CORES, GEMV_WORDS, CVT_PTX,
-                                 MMA_SPLIT)
+            pair = False  # a constexpr unless GEMV_PAIRS: no pair code in the kernel then
+            if GEMV_PAIRS:
+                pair = paired >= 0
+            if pair:
+                ok, seen = _wqb_pair(t, t - end_norm, paired - end_norm, qx8_ptr, qx8s_ptr,
+                                     qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr,
+                                     rope_rows, S, seen, tag, spin_limit, ctl_ptr, Q_RANK, NOPE,
+                                     HEADS, BK_QR, CVT_PTX)
+            else:
+                ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr,
+                                     wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, seen, tag,
+                                     spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT,
+                                     GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -813,19 +909,33 @@ def mono_kernel(
                                  O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES, GEMV_WORDS,
                                  CVT_PTX, MMA_SPLIT)
         else:
-            ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
-                                 wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS, TB,
-                                 BK_OR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
-                                 MMA_SPLIT)
+            pair = False
+            if GEMV_PAIRS:
+                pair = paired >= 0
+            if pair:
+                ok, seen = _wob_pair(t, t - end_woa, paired - end_woa, x8b_ptr, x8bs_ptr,
+                                     ardy_ptr, y_ptr, wob_ptr, wob_s_ptr, S, seen, tag, spin_limit,
+                                     ctl_ptr, HIDDEN, O_ROWS, BK_OR, CVT_PTX)
+            else:
+                ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
+                                     wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS,
+                                     TB, BK_OR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT)
         if TRACE:
-            row = trace_ptr + 3 * t.to(tl.int64)
-            tl.store(row, started)
-            tl.store(row + 1, globaltimer_tl(t))
-            tl.store(row + 2, tl.program_id(0).to(tl.int64))
+            ended = globaltimer_tl(t)
+            _trace(trace_ptr, t, started, ended)
+            if GEMV_PAIRS:
+                _trace(trace_ptr, paired, started, ended)
         if ok:
             # An atomic: one thread takes the ticket and the CTA shares it, so every thread
             # leaves the loop together. A timed-out wait pushed the counter past every task.
-            t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
+            take = True
+            if GEMV_PAIRS:
+                take = held < 0
+            if take:
+                t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
+            else:
+                t = held
+                held = t * 0 - 1
     # The last program out resets the ticket and advances the epoch for the next step.
     done = tl.atomic_add(ctl_ptr + CTL_FINISHED_, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:

@@ -155,6 +155,12 @@ def gemv_words(tokens: int) -> bool:
     return on and tokens == 1 and gemv_on_cores(tokens)
 
 
+def gemv_pairs(tokens: int) -> bool:
+    """Whether a one-token wq_b or wo_b task may run together with its program's next task of
+    the same stage (kernel ``GEMV_PAIRS``): with ``gemv_words``, when ``DSV41_MONO_PAIRS`` = 1."""
+    return env_flag("DSV41_MONO_PAIRS", False) and gemv_words(tokens)
+
+
 def mma_split(tokens: int) -> int | None:
     """K segments a tensor-core GEMV block is cut into (kernel ``MMA_SPLIT``, ``_mma_split``):
     ``DSV41_MONO_MMA_SPLIT`` (1, 2, 4 or 8) when set, 1 on CUDA cores, else None: the plan
@@ -288,8 +294,8 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b),
-        ``GEMV_CORES``, ``GEMV_WORDS`` and ``MMA_SPLIT``. Read once (the switches included), so
-        the task tables and the launches built from one plan always agree."""
+        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``. Read once (the switches
+        included), so the task tables and the launches built from one plan always agree."""
         m, d = self.dims.model, self.dims
         blocks = {
             "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
@@ -309,6 +315,7 @@ class Plan:
         return blocks | {
             "GEMV_CORES": gemv_on_cores(self.tokens),
             "GEMV_WORDS": gemv_words(self.tokens),
+            "GEMV_PAIRS": gemv_pairs(self.tokens),
             "MMA_SPLIT": split,
         }
 
