@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|s8b|s8c|s8d|s8e|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|s8b|s8c|s8d|s8e|s8f|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
-# s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8e: session 8's
-# calls 2 to 5.
+# s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8f: session 8's
+# calls 2 to 6.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -273,7 +273,8 @@ if [ "$what" = s8d ]; then
 fi
 if [ "$what" = s8e ]; then
   # Session 8, call 5 (about 3 minutes): one token's GEMV tasks in pairs, wq_b and wo_b only
-  # (DSV41_MONO_PAIRS=1, the default) or every GEMV stage (2), against none (0); the trace of 2.
+  # (DSV41_MONO_PAIRS=1, the default) or every GEMV stage (2, since removed), against none (0);
+  # the trace of 2.
   b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
     2>&1 | grep -E "^(nvidia|mono) "; }
   for pairs in 0 1 2 1 2; do
@@ -283,4 +284,15 @@ if [ "$what" = s8e ]; then
     DSV41_MONO_PAIRS=$pairs b --backend mono --tp 2 --tokens 1 | sed "s/^/pairs $pairs, tp 2: /"
   done
   DSV41_MONO_PAIRS=2 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
+fi
+
+if [ "$what" = s8f ]; then
+  # Session 8, call 6 (about 7 minutes): the mono GPU tests with today's defaults (one token's
+  # wq_b and wo_b tasks in pairs), then the tables at both shares.
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 400 2>&1 | tail -3
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
+    | sed "s/^/tp 4: /"
+  b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
 fi

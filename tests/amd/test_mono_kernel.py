@@ -42,19 +42,16 @@ def test_kernel_matches_executor_and_reference(
                                     run_reference)  # fmt: skip
 
 
-@pytest.mark.parametrize("tp, layer_id, pairs, woa_parts", [(4, 1, 2, 4), (2, 2, 2, 1), (2, 0, 1, 2)])
+@pytest.mark.parametrize("tp, layer_id, pairs", [(4, 1, True), (2, 2, True), (4, 1, False)])
 def test_pairs_match_executor_and_reference(
-    tp: int, layer_id: int, pairs: int, woa_parts: int, tiny_layer, run_mono, run_reference,
-    monkeypatch,
+    tp: int, layer_id: int, pairs: bool, tiny_layer, run_mono, run_reference, monkeypatch
 ) -> None:
-    """One token's GEMV tasks two at once (DSV41_MONO_PAIRS: wq_b and wo_b, or every GEMV
-    stage). The interpreter runs one program at a time, so a task's next ticket is the next
-    task of its stage: two K parts of a wo_a block (other columns of xo), or two blocks of
-    one K part. (Two tasks waiting on two combine mailboxes, as at tp 2 of dsv41-flash, happen
-    on the GPU only: the tiny geometry has one head tile.)"""
+    """One token's wq_b and wo_b tasks two at once (DSV41_MONO_PAIRS, on by default) or one at
+    a time. The interpreter runs one program at a time, so each such task's next ticket is the
+    next task of its stage; a next ticket held over to another stage happens on the GPU
+    (tests/gpu/test_mono_gpu.py)."""
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "1")
-    monkeypatch.setenv("DSV41_MONO_PAIRS", str(pairs))
-    monkeypatch.setenv("DSV41_MONO_WOA_PARTS", str(woa_parts))
+    monkeypatch.setenv("DSV41_MONO_PAIRS", str(int(pairs)))
     runner = _against_executor_and_reference(tp, layer_id, 1, 256, tiny_layer, run_mono,
                                              run_reference)  # fmt: skip
     assert runner.plan.tiling["GEMV_PAIRS"] == pairs and runner.plan.tiling["GEMV_WORDS"]

@@ -242,18 +242,19 @@ def test_gemv_words_only_for_one_token_on_cuda_cores(monkeypatch) -> None:
 
 
 def test_gemv_pairs_only_with_weight_words(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import PAIRS, gemv_pairs
+    from dsv41.amd.mono.plan import gemv_pairs
 
     monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
     monkeypatch.delenv("DSV41_MONO_GEMV_WORDS", raising=False)
     monkeypatch.delenv("DSV41_MONO_PAIRS", raising=False)
-    assert gemv_pairs(1) == PAIRS and gemv_pairs(2) == 0  # one token only
-    monkeypatch.setenv("DSV41_MONO_PAIRS", "2")
-    assert gemv_pairs(1) == 2
+    assert gemv_pairs(1) and not gemv_pairs(2)  # on by default, one token only
+    monkeypatch.setenv("DSV41_MONO_PAIRS", "0")
+    assert not gemv_pairs(1)
+    monkeypatch.setenv("DSV41_MONO_PAIRS", "1")
     monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "0")  # no words: no pairs
-    assert gemv_pairs(1) == 0
-    monkeypatch.setenv("DSV41_MONO_PAIRS", "3")
-    with pytest.raises(ValueError, match="DSV41_MONO_PAIRS: expected 0, 1 or 2, got '3'"):
+    assert not gemv_pairs(1)
+    monkeypatch.setenv("DSV41_MONO_PAIRS", "2")
+    with pytest.raises(ValueError, match="DSV41_MONO_PAIRS: expected 0 or 1, got '2'"):
         gemv_pairs(1)
 
 

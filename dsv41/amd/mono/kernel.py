@@ -217,39 +217,30 @@ def _act_block(a_ptr, as_ptr, a_at, as_at, k0, K: tl.constexpr, BK: tl.constexpr
 
 
 @triton.jit
-def _weight_words(w_ptr, ws_ptr, w_at, ws_at, k0, K: tl.constexpr, BK: tl.constexpr):
-    """``_weight_block`` of the weight rows starting at word ``w_at [ROWS]`` (codes at
-    ``ws_at``; any rows, of one or two tasks) as int32 words ``[ROWS, BK / 4]``, four e4m3
-    values a word, the lowest byte first: a block in flight holds a register a word, not one
-    a value."""
+def _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0, K: tl.constexpr,
+                  BK: tl.constexpr):  # fmt: skip
+    """``_weight_block`` of the weight rows ``rows`` (any rows, one stride) with the weights as
+    int32 words ``[len(rows), BK / 4]``, four e4m3 values a word, the lowest byte first: a block
+    in flight holds a register a word, not one a value."""
     c = k0 // 4 + tl.arange(0, BK // 4)
     kc = k0 // MX + tl.arange(0, BK // MX)
-    w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + w_at[:, None] + c[None, :],
-                mask=(c < K // 4)[None, :], other=0, eviction_policy="evict_first")
-    ws = tl.load(ws_ptr + ws_at[:, None] + kc[None, :], mask=(kc < K // MX)[None, :], other=0,
-                 eviction_policy="evict_first")
+    words = w_ptr.to(tl.pointer_type(tl.int32))
+    w = tl.load(words + rows[:, None] * (w_stride // 4) + c[None, :], mask=(c < K // 4)[None, :],
+                other=0, eviction_policy="evict_first")
+    ws = tl.load(ws_ptr + rows[:, None] * ws_stride + kc[None, :], mask=(kc < K // MX)[None, :],
+                 other=0, eviction_policy="evict_first")
     return w, ws
 
 
 @triton.jit
-def _act_words(a_ptr, as_ptr, a_at, as_at, k0, K: tl.constexpr, BK: tl.constexpr,
-               ROW_ACTS: tl.constexpr):  # fmt: skip
-    """One token's MXFP8 activation block from word ``a_at`` (code ``as_at``) as int32 words
-    ``[1, BK / 4]`` and ``[1, BK / 32]`` codes (``.cg``: written in this launch); nothing past
-    K is read. With ``ROW_ACTS`` (two tasks reading other columns) ``a_at`` and ``as_at`` have
-    one offset a weight row, and so one block a row: ``[ROWS, BK / 4]``, ``[ROWS, BK / 32]``."""
+def _act_words(a_ptr, as_ptr, k0, K: tl.constexpr, BK: tl.constexpr):
+    """One token's MXFP8 activation block ``a[k0 : k0 + BK]`` as int32 words ``[BK / 4]`` and
+    ``[BK / 32]`` codes (``.cg``: written in this launch); nothing past K is read."""
     c = k0 // 4 + tl.arange(0, BK // 4)
     kb = k0 // MX + tl.arange(0, BK // MX)
-    if ROW_ACTS:
-        aw = tl.load(a_ptr.to(tl.pointer_type(tl.int32)) + a_at[:, None] + c[None, :],
-                     mask=(c < K // 4)[None, :], other=0, cache_modifier=".cg")
-        a_s = tl.load(as_ptr + as_at[:, None] + kb[None, :], mask=(kb < K // MX)[None, :],
-                      other=0, cache_modifier=".cg")
-    else:
-        aw = tl.load(a_ptr.to(tl.pointer_type(tl.int32)) + a_at + c, mask=c < K // 4, other=0,
-                     cache_modifier=".cg")[None, :]
-        a_s = tl.load(as_ptr + as_at + kb, mask=kb < K // MX, other=0,
-                      cache_modifier=".cg")[None, :]
+    aw = tl.load(a_ptr.to(tl.pointer_type(tl.int32)) + c, mask=c < K // 4, other=0,
+                 cache_modifier=".cg")
+    a_s = tl.load(as_ptr + kb, mask=kb < K // MX, other=0, cache_modifier=".cg")
     return aw, a_s
 
 
@@ -279,77 +270,59 @@ def _e4m3_words(w, PTX: tl.constexpr):
 
 
 @triton.jit
-def _per_word(v):
+def _per_word(v, ROWS: tl.constexpr, BLOCKS: tl.constexpr):
     """``v [ROWS, BLOCKS]`` (one per MX block) repeated for each of a block's 8 words."""
-    ROWS: tl.constexpr = v.shape[0]
-    BLOCKS: tl.constexpr = v.shape[1]
     return tl.reshape(tl.broadcast_to(v[:, :, None], (ROWS, BLOCKS, MX // 4)),
                       (ROWS, BLOCKS * MX // 4))
 
 
 @triton.jit
-def _gemv_words(a_ptr, as_ptr, a_at, as_at, w_ptr, ws_ptr, w_at, ws_at, box_ptr, box2_ptr, seen,
-                tag, spin_limit, ctl_ptr, ticket, K: tl.constexpr, BK: tl.constexpr,
-                PTX: tl.constexpr, ROW_ACTS: tl.constexpr = False):  # fmt: skip
-    """``_gemv`` of one token on CUDA cores for the weight rows at ``w_at [ROWS]`` (one task's,
-    or two tasks' of one stage at once), ``[1, ROWS]``: the weights in flight as int32 words
-    (three blocks ahead, the first three before the waits on ``box`` and ``box2``, each unless
-    ``seen``) and the activation one block ahead (one for every row, or with ``ROW_ACTS`` a
-    row's own, ``_act_words``); each word's four products summed, times the weight's scale, added
-    to the word's own lane; the lanes summed once, after the loop. Returns
-    ``(acc, ok, seen)``."""
-    w0, ws0 = _weight_words(w_ptr, ws_ptr, w_at, ws_at, 0, K, BK)
-    w1, ws1 = _weight_words(w_ptr, ws_ptr, w_at, ws_at, BK, K, BK)
-    w2, ws2 = _weight_words(w_ptr, ws_ptr, w_at, ws_at, 2 * BK, K, BK)
+def _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr, seen, tag,
+                spin_limit, ctl_ptr, ticket, K: tl.constexpr, BK: tl.constexpr,
+                PTX: tl.constexpr):  # fmt: skip
+    """``_gemv`` of one token on CUDA cores for the weight rows ``rows`` with the weights in
+    flight as int32 words (``_weight_words``; three blocks ahead, the first three before the
+    wait) and the activation one block ahead: each word's four products summed, times the
+    weight's scale, added to the word's own lane; the lanes summed once, after the loop."""
+    ROWS: tl.constexpr = rows.shape[0]
+    BLOCKS: tl.constexpr = BK // MX
+    w0, ws0 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 0, K, BK)
+    w1, ws1 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, BK, K, BK)
+    w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 2 * BK, K, BK)
     ok = ticket >= 0
     if box_ptr.to(tl.int64) != seen:
         ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
-    if (box2_ptr.to(tl.int64) != box_ptr.to(tl.int64)) & (box2_ptr.to(tl.int64) != seen) & ok:
-        ok = _wait(box2_ptr, tag, spin_limit, ctl_ptr, ticket)
-    aw, a_s = _act_words(a_ptr, as_ptr, a_at, as_at, 0, K, BK, ROW_ACTS)
-    lanes = tl.zeros(w0.shape, tl.float32)
+    aw, a_s = _act_words(a_ptr, as_ptr, 0, K, BK)
+    lanes = tl.zeros((ROWS, BK // 4), tl.float32)
     for k0 in range(0, K, BK):
-        a_scale = _per_word(e8m0_scale_tl(a_s.to(tl.int32)))
-        a0, a1, a2, a3 = _e4m3_words(aw, PTX)
-        aw, a_s = _act_words(a_ptr, as_ptr, a_at, as_at, k0 + BK, K, BK, ROW_ACTS)
+        a_scale = _per_word(e8m0_scale_tl(a_s.to(tl.int32))[None, :], 1, BLOCKS)
+        a0, a1, a2, a3 = _e4m3_words(aw[None, :], PTX)
+        aw, a_s = _act_words(a_ptr, as_ptr, k0 + BK, K, BK)
         v0, v1, v2, v3 = _e4m3_words(w0, PTX)
-        w_scale = _per_word(e8m0_scale_tl(ws0.to(tl.int32)))
+        w_scale = _per_word(e8m0_scale_tl(ws0.to(tl.int32)), ROWS, BLOCKS)
         w0, ws0 = w1, ws1
         w1, ws1 = w2, ws2
-        w2, ws2 = _weight_words(w_ptr, ws_ptr, w_at, ws_at, k0 + 3 * BK, K, BK)
+        w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0 + 3 * BK, K, BK)
         lanes += (v0 * a0 + v1 * a1 + v2 * a2 + v3 * a3) * (w_scale * a_scale)
-    return tl.sum(lanes, axis=1)[None, :], ok, box2_ptr.to(tl.int64)
+    return tl.sum(lanes, axis=1)[None, :], ok
 
 
 @triton.jit
-def _rows_at(row0, col0, STRIDE: tl.constexpr, ROWS: tl.constexpr):
-    """A GEMV task's rows ``row0 ..`` from column ``col0`` of a ``STRIDE``-column weight: the
-    word offset and the code offset of each row's first column, ``[ROWS]`` each."""
-    r = row0 + tl.arange(0, ROWS)
-    return r * (STRIDE // 4) + col0 // 4, r * (STRIDE // MX) + col0 // MX
-
-
-@triton.jit
-def _two_rows(a, b):
-    """Two tasks' row offsets ``[ROWS]`` as one ``[2 ROWS]``: task a's rows, then task b's."""
-    ROWS: tl.constexpr = a.shape[0]
-    return tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * ROWS,))
-
-
-@triton.jit
-def _two_acts(a, b, ROWS: tl.constexpr):
-    """Two tasks' activation offsets as one a row: ``[2 ROWS]``, a for task a's rows, b for b's."""
-    return tl.where(tl.arange(0, 2 * ROWS) < ROWS, a, b)
-
-
-@triton.jit
-def _unpair(acc):
-    """``acc [1, 2 ROWS]`` (two tasks' rows) -> the two tasks' ``[1, ROWS]``."""
-    ROWS: tl.constexpr = acc.shape[1] // 2
+def _gemv_pair(a_ptr, as_ptr, w_ptr, ws_ptr, row_a, row_b, w_stride, ws_stride, box_ptr, seen,
+               tag, spin_limit, ctl_ptr, ticket, ROWS: tl.constexpr, K: tl.constexpr,
+               BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """Two one-token GEMV tasks of a stage at once, weight rows ``row_a ..`` and ``row_b ..``
+    (ROWS each) against the same activation: ``_gemv_words`` over both tasks' rows, so both
+    tasks' weights are in flight before the one wait. Returns ``(acc_a, acc_b, ok)``."""
+    r = tl.arange(0, 2 * ROWS)
+    rows = tl.where(r < ROWS, row_a + r, row_b + r - ROWS)
+    acc, ok = _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr, seen,
+                          tag, spin_limit, ctl_ptr, ticket, K, BK, PTX)  # fmt: skip
     halves = tl.reshape(acc, (2, ROWS))
     first = (tl.arange(0, 2) == 0)[:, None]
-    return (tl.sum(tl.where(first, halves, 0.0), axis=0)[None, :],
-            tl.sum(tl.where(first, 0.0, halves), axis=0)[None, :])
+    acc_a = tl.sum(tl.where(first, halves, 0.0), axis=0)[None, :]
+    acc_b = tl.sum(tl.where(first, 0.0, halves), axis=0)[None, :]
+    return acc_a, acc_b, ok
 
 
 @triton.jit
@@ -386,11 +359,8 @@ def _gemv(
     """
     if WORDS:
         tl.static_assert(CORES and TB == 1, "weight words: one token on CUDA cores")
-        r = tl.arange(0, ROWS)
-        acc, ok, _ = _gemv_words(a_ptr, as_ptr, 0, 0, w_ptr, ws_ptr, r * (w_stride // 4),
-                                 r * ws_stride, box_ptr, box_ptr, seen, tag, spin_limit, ctl_ptr,
-                                 ticket, K, BK, PTX)  # fmt: skip
-        return acc, ok
+        return _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, tl.arange(0, ROWS), w_stride, ws_stride,
+                           box_ptr, seen, tag, spin_limit, ctl_ptr, ticket, K, BK, PTX)  # fmt: skip
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
     tok = tl.arange(0, TB)
@@ -654,43 +624,12 @@ def _wqkv_task(
         HIDDEN, HIDDEN // MX, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
         WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
-    _wqkv_out(i, acc, ok, xrdy_ptr, qkvp_ptr, S, cap, tag, QKV_ROWS, TB)
-    return ok, xrdy_ptr.to(tl.int64)
-
-
-@triton.jit
-def _wqkv_pair(
-    t, i, i2, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag, spin_limit,
-    ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, BK: tl.constexpr, PTX: tl.constexpr,
-):
-    """Wqkv tasks ``i`` and ``i2`` of one token at once (``_gemv_words``; their K halves may
-    differ)."""
-    TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
-    col = (i // TILES) * (HIDDEN // 2)
-    col2 = (i2 // TILES) * (HIDDEN // 2)
-    w_at, ws_at = _rows_at((i % TILES) * WQKV_ROWS, col, HIDDEN, WQKV_ROWS)
-    w2_at, ws2_at = _rows_at((i2 % TILES) * WQKV_ROWS, col2, HIDDEN, WQKV_ROWS)
-    acc, ok, seen = _gemv_words(x8_ptr, x8s_ptr, _two_acts(col // 4, col2 // 4, WQKV_ROWS),
-                                _two_acts(col // MX, col2 // MX, WQKV_ROWS),
-                                w_ptr, ws_ptr, _two_rows(w_at, w2_at), _two_rows(ws_at, ws2_at),
-                                xrdy_ptr, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t, HIDDEN // 2,
-                                BK, PTX, True)  # fmt: skip
-    acc, acc2 = _unpair(acc)
-    _wqkv_out(i, acc, ok, xrdy_ptr, qkvp_ptr, S, cap, tag, QKV_ROWS, 1)
-    _wqkv_out(i2, acc2, ok, xrdy_ptr, qkvp_ptr, S, cap, tag, QKV_ROWS, 1)
-    return ok, seen
-
-
-@triton.jit
-def _wqkv_out(i, acc, ok, xrdy_ptr, qkvp_ptr, S, cap, tag, QKV_ROWS: tl.constexpr,
-              TB: tl.constexpr):  # fmt: skip
-    """Wqkv task i's epilogue: its K half's partial stored, the mailbox told."""
-    TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
-    at = ((i // TILES) * cap + tok[:, None]) * QKV_ROWS + (i % TILES) * WQKV_ROWS + r[None, :]
-    tl.store(qkvp_ptr + at, acc, mask=(tok < S)[:, None])
+    tl.store(qkvp_ptr + (half * cap + tok[:, None]) * QKV_ROWS + row0 + r[None, :], acc,
+             mask=(tok < S)[:, None])
     _arrive(xrdy_ptr + 2, 2 * TILES, tag, ok)
+    return ok, xrdy_ptr.to(tl.int64)
 
 
 @triton.jit
@@ -721,19 +660,15 @@ def _wqb_pair(
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, BK: tl.constexpr,
     PTX: tl.constexpr,
 ):
-    """wq_b tasks ``i`` and ``i2`` of one token at once (``_gemv_words``)."""
-    w_at, ws_at = _rows_at(i * WQB_ROWS, 0, Q_RANK, WQB_ROWS)
-    w2_at, ws2_at = _rows_at(i2 * WQB_ROWS, 0, Q_RANK, WQB_ROWS)
-    acc, ok, seen = _gemv_words(qx8_ptr, qx8s_ptr, 0, 0, w_ptr, ws_ptr,
-                                _two_rows(w_at, w2_at), _two_rows(ws_at, ws2_at), qrdy_ptr,
-                                qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t, Q_RANK, BK,
-                                PTX)  # fmt: skip
-    acc, acc2 = _unpair(acc)
+    """wq_b tasks ``i`` and ``i2`` of one token at once (``_gemv_pair``)."""
+    acc, acc2, ok = _gemv_pair(qx8_ptr, qx8s_ptr, w_ptr, ws_ptr, i * WQB_ROWS, i2 * WQB_ROWS,
+                               Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
+                               WQB_ROWS, Q_RANK, BK, PTX)  # fmt: skip
     _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE, HEADS,
              1)  # fmt: skip
     _wqb_out(i2, acc2, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE,
              HEADS, 1)  # fmt: skip
-    return ok, seen
+    return ok, qrdy_ptr.to(tl.int64)
 
 
 @triton.jit
@@ -780,49 +715,6 @@ def _woa_task(
         GROUP_K, GROUP_K // MX, box, seen, tag, spin_limit, ctl_ptr, t,
         WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
-    _woa_out(i, acc, ok, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, S, cap, tag,
-             O_ROWS, PARTS, TB)  # fmt: skip
-    return ok, box.to(tl.int64)
-
-
-@triton.jit
-def _woa_pair(
-    t, i, i2, xo_ptr, xos_ptr, crdy_ptr, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
-    w_ptr, ws_ptr, S, cap, seen, tag, spin_limit, ctl_ptr,
-    HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
-    PARTS: tl.constexpr, BK: tl.constexpr, PTX: tl.constexpr,
-):
-    """wo_a tasks ``i`` and ``i2`` of one token at once (``_gemv_words``; their groups, K parts
-    and combine mailboxes may differ)."""
-    KP: tl.constexpr = GROUP_K // PARTS
-    group = i // PARTS * WOA_ROWS // O_RANK
-    group2 = i2 // PARTS * WOA_ROWS // O_RANK
-    col = group * GROUP_K + i % PARTS * KP  # the task's first column of xo
-    col2 = group2 * GROUP_K + i2 % PARTS * KP
-    w_at, ws_at = _rows_at(i // PARTS * WOA_ROWS, i % PARTS * KP, GROUP_K, WOA_ROWS)
-    w2_at, ws2_at = _rows_at(i2 // PARTS * WOA_ROWS, i2 % PARTS * KP, GROUP_K, WOA_ROWS)
-    acc, ok, seen = _gemv_words(xo_ptr, xos_ptr, _two_acts(col // 4, col2 // 4, WOA_ROWS),
-                                _two_acts(col // MX, col2 // MX, WOA_ROWS), w_ptr, ws_ptr,
-                                _two_rows(w_at, w2_at), _two_rows(ws_at, ws2_at),
-                                crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_),
-                                crdy_ptr + 2 * (group2 * HEADS_PER_GROUP // HEAD_TILE_), seen, tag,
-                                spin_limit, ctl_ptr, t, KP, BK, PTX, True)  # fmt: skip
-    acc, acc2 = _unpair(acc)
-    _woa_out(i, acc, ok, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, S, cap, tag,
-             O_ROWS, PARTS, 1)  # fmt: skip
-    _woa_out(i2, acc2, ok, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, S, cap, tag,
-             O_ROWS, PARTS, 1)  # fmt: skip
-    return ok, seen
-
-
-@triton.jit
-def _woa_out(i, acc, ok, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, S, cap, tag,
-             O_ROWS: tl.constexpr, PARTS: tl.constexpr, TB: tl.constexpr):  # fmt: skip
-    """wo_a task i's epilogue: its K part's partial stored; the block's last part sums the
-    parts, ``z = bf16(sum)``, ``x8b = mxfp8(z)``, and tells the mailbox."""
-    block = i // PARTS
-    part = i % PARTS
-    row0 = block * WOA_ROWS
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
     live = (tok < S)[:, None]
@@ -844,6 +736,7 @@ def _woa_out(i, acc, ok, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
         tl.store(x8bs_ptr + tok[:, None] * (O_ROWS // MX) + block + tl.arange(0, 1)[None, :],
                  codes.to(tl.uint8), mask=live)
         _arrive(ardy_ptr, O_ROWS // WOA_ROWS, tag, final)
+    return ok, box.to(tl.int64)
 
 
 @triton.jit
@@ -869,17 +762,13 @@ def _wob_pair(
     t, i, i2, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, BK: tl.constexpr, PTX: tl.constexpr,
 ):
-    """wo_b tasks ``i`` and ``i2`` of one token at once (``_gemv_words``)."""
-    w_at, ws_at = _rows_at(i * WOB_ROWS, 0, O_ROWS, WOB_ROWS)
-    w2_at, ws2_at = _rows_at(i2 * WOB_ROWS, 0, O_ROWS, WOB_ROWS)
-    acc, ok, seen = _gemv_words(x8b_ptr, x8bs_ptr, 0, 0, w_ptr, ws_ptr,
-                                _two_rows(w_at, w2_at), _two_rows(ws_at, ws2_at), ardy_ptr,
-                                ardy_ptr, seen, tag, spin_limit, ctl_ptr, t, O_ROWS, BK,
-                                PTX)  # fmt: skip
-    acc, acc2 = _unpair(acc)
+    """wo_b tasks ``i`` and ``i2`` of one token at once (``_gemv_pair``)."""
+    acc, acc2, ok = _gemv_pair(x8b_ptr, x8bs_ptr, w_ptr, ws_ptr, i * WOB_ROWS, i2 * WOB_ROWS,
+                               O_ROWS, O_ROWS // MX, ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
+                               WOB_ROWS, O_ROWS, BK, PTX)  # fmt: skip
     _wob_out(i, acc, y_ptr, S, HIDDEN, 1)
     _wob_out(i2, acc2, y_ptr, S, HIDDEN, 1)
-    return ok, seen
+    return ok, ardy_ptr.to(tl.int64)
 
 
 @triton.jit
@@ -932,7 +821,7 @@ def mono_kernel(
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
-    MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = 0,
+    MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
@@ -940,10 +829,9 @@ def mono_kernel(
     the program that ran it go to ``trace[ticket]`` (NVIDIA only; not in the interpreter).
     ``GEMV_WORDS`` (one token on CUDA cores): the GEMV tasks hold their weights as int32 words
     (``_gemv_words``), converted with PTX when ``CVT_PTX`` (NVIDIA, not the interpreter).
-    ``GEMV_PAIRS`` (with ``GEMV_WORDS``): a wq_b or wo_b task (1), or any GEMV task (2), takes
-    its program's next ticket before it starts; when that ticket is a task of the same stage
-    both run as one (``_gemv_words`` over both tasks' rows), else the next ticket is held for
-    the next turn of the loop.
+    ``GEMV_PAIRS`` (with ``GEMV_WORDS``): a wq_b or wo_b task takes its program's next ticket
+    before it starts; when that ticket is a task of the same stage both run as one
+    (``_gemv_pair``), else the next ticket is held for the next turn of the loop.
     """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
@@ -956,35 +844,22 @@ def mono_kernel(
         if TRACE:
             started = globaltimer_tl(t)
         paired = t * 0 - 1  # the ticket run together with t, -1 when none
-        # Constexpr guards stand alone, never joined to a tensor with `and`: not every Triton
-        # drops such a branch at compile time (nor accepts a chain of three).
-        if GEMV_PAIRS > 0:
-            gemv = ((t >= end_norm) & (t < end_wqb)) | (t >= end_woa)
-            if GEMV_PAIRS > 1:
-                gemv |= ((t >= end_xq) & (t < end_wqkv)) | ((t >= end_combine) & (t < end_woa))
-            if gemv:
+        # Nested: a constexpr joined to a tensor with `and` is not dropped at compile time by
+        # every Triton (nor is a chain of three accepted), so constexpr guards stand alone.
+        if GEMV_PAIRS:  # noqa: SIM102
+            if ((t >= end_norm) & (t < end_wqb)) | (t >= end_woa):
                 held = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
-                stage_end = tl.where(t < end_wqkv, end_wqkv, tl.where(t < end_wqb, end_wqb,
-                                     tl.where(t < end_woa, end_woa, end_wob)))  # fmt: skip
-                if held < stage_end:  # the same stage as t
+                if held < tl.where(t < end_wqb, end_wqb, end_wob):  # the same stage as t
                     paired = held
                     held = t * 0 - 1
         if t < end_xq:  # xq is the first stage: its task index is the ticket
             _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
             _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
         elif t < end_wqkv:
-            pair = False  # a constexpr unless GEMV_PAIRS > 1: no pair code in the kernel then
-            if GEMV_PAIRS > 1:
-                pair = paired >= 0
-            if pair:
-                ok, seen = _wqkv_pair(t, t - end_xq, paired - end_xq, x8_ptr, x8s_ptr, xrdy_ptr,
-                                      qkvp_ptr, wqkv_ptr, wqkv_s_ptr, S, cap, seen, tag,
-                                      spin_limit, ctl_ptr, HIDDEN, QKV_ROWS, BK_X, CVT_PTX)
-            else:
-                ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr,
-                                      wqkv_ptr, wqkv_s_ptr, S, cap, seen, tag, spin_limit,
-                                      ctl_ptr, HIDDEN, QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES,
-                                      GEMV_WORDS, CVT_PTX, MMA_SPLIT)
+            ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
+                                  wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
+                                  QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
+                                 MMA_SPLIT)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -993,8 +868,8 @@ def mono_kernel(
                       Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
             _arrive(qrdy_ptr, S, tag, ok)
         elif t < end_wqb:
-            pair = False
-            if GEMV_PAIRS > 0:
+            pair = False  # a constexpr unless GEMV_PAIRS: no pair code in the kernel then
+            if GEMV_PAIRS:
                 pair = paired >= 0
             if pair:
                 ok, seen = _wqb_pair(t, t - end_norm, paired - end_norm, qx8_ptr, qx8s_ptr,
@@ -1028,24 +903,14 @@ def mono_kernel(
                          CHUNKS, CHUNKS_P, GROUP_K, NOPE)
             _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
         elif t < end_woa:
-            pair = False
-            if GEMV_PAIRS > 1:
-                pair = paired >= 0
-            if pair:
-                ok, seen = _woa_pair(t, t - end_combine, paired - end_combine, xo_ptr, xos_ptr,
-                                     crdy_ptr, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr,
-                                     z_ptr, woa_ptr, woa_s_ptr, S, cap, seen, tag, spin_limit,
-                                     ctl_ptr, HEADS, O_RANK, GROUP_K, O_ROWS, WOA_PARTS, BK_GK,
-                                     CVT_PTX)
-            else:
-                ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
-                                     wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr,
-                                     woa_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HEADS,
-                                     O_RANK, GROUP_K, O_ROWS, WOA_PARTS, TB, BK_GK, EXACT,
-                                     GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT)
+            ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
+                                 wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr,
+                                 S, cap, seen, tag, spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K,
+                                 O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES, GEMV_WORDS,
+                                 CVT_PTX, MMA_SPLIT)
         else:
             pair = False
-            if GEMV_PAIRS > 0:
+            if GEMV_PAIRS:
                 pair = paired >= 0
             if pair:
                 ok, seen = _wob_pair(t, t - end_woa, paired - end_woa, x8b_ptr, x8bs_ptr,
@@ -1058,13 +923,13 @@ def mono_kernel(
         if TRACE:
             ended = globaltimer_tl(t)
             _trace(trace_ptr, t, started, ended)
-            if GEMV_PAIRS > 0:
+            if GEMV_PAIRS:
                 _trace(trace_ptr, paired, started, ended)
         if ok:
             # An atomic: one thread takes the ticket and the CTA shares it, so every thread
             # leaves the loop together. A timed-out wait pushed the counter past every task.
             take = True
-            if GEMV_PAIRS > 0:
+            if GEMV_PAIRS:
                 take = held < 0
             if take:
                 t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")

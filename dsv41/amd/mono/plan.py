@@ -108,10 +108,11 @@ MMA_MIN_K = 16  # the smallest K of a bf16 MMA: a K segment of _mma_split has at
 # 164.1 / 177.1 / 244.7.
 SPLIT_TOKENS = 16
 MMA_SPLIT = 8
-# One token's GEMV tasks run two at once (a pair of one stage, kernel.py, GEMV_PAIRS): 1 for wq_b
-# and wo_b, 2 for every GEMV stage; DSV41_MONO_PAIRS overrides it. H200, tp 4 / tp 2, M = 1, wq_b
-# and wo_b in pairs: 62.2 / 87.3 us a step, against 72.3 / 103.7 one task at a time.
-PAIRS = 1
+# One token's wq_b and wo_b tasks run two at once (a pair of one stage; kernel.py, GEMV_PAIRS);
+# DSV41_MONO_PAIRS overrides it. H200, tp 4 / tp 2, M = 1: 62.2 / 87.3 us a step in pairs,
+# 72.3 / 103.7 one at a time. Pairs in Wqkv and wo_a too (each task's own activation columns, a
+# tried variant) took 66.1 / 97.6 against 62.9 / 90.1 (spills; attention slowed).
+PAIRS = True
 KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -159,12 +160,11 @@ def gemv_words(tokens: int) -> bool:
     return on and tokens == 1 and gemv_on_cores(tokens)
 
 
-def gemv_pairs(tokens: int) -> int:
-    """Which one-token GEMV tasks may run together with their program's next task of the same
-    stage (kernel ``GEMV_PAIRS``, with ``gemv_words`` only): 0 none, 1 wq_b and wo_b, 2 every
-    GEMV stage; ``DSV41_MONO_PAIRS`` when set, else ``PAIRS``."""
-    level = env_int("DSV41_MONO_PAIRS", PAIRS, lambda v: v in (0, 1, 2), "0, 1 or 2")
-    return level if gemv_words(tokens) else 0
+def gemv_pairs(tokens: int) -> bool:
+    """Whether a one-token wq_b or wo_b task may run together with its program's next task of
+    the same stage (kernel ``GEMV_PAIRS``, with ``gemv_words`` only): ``DSV41_MONO_PAIRS``
+    (1 or 0) when set, else ``PAIRS``."""
+    return env_flag("DSV41_MONO_PAIRS", PAIRS) and gemv_words(tokens)
 
 
 def mma_split(tokens: int) -> int | None:
