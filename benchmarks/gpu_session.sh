@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|s8b|s8c|s8d|s8e|s8f|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|s8b|s8c|s8d|s8e|s8f|s8g|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
-# s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8f: session 8's
-# calls 2 to 6.
+# s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
+# calls 2 to 7.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -295,4 +295,15 @@ if [ "$what" = s8f ]; then
   b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
     | sed "s/^/tp 4: /"
   b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
+fi
+if [ "$what" = s8g ]; then
+  # Session 8, call 7 (about 1.5 minutes): mono's attention in 32-key tasks against 64 at M = 1,
+  # and the trace with 32 (does an attention task's time follow its keys?).
+  for chunk in 64 32; do
+    DSV41_MONO_KEY_CHUNK=$chunk timeout 200 python3 -m dsv41.cli bench --config dsv41-flash \
+      --reference-repeats 1 --backend mono --tp 4 --tokens 1 2>&1 | grep -E "^mono " \
+      | sed "s/^/key chunk $chunk: /"
+  done
+  DSV41_MONO_KEY_CHUNK=32 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
+    2>&1 | tail -11
 fi
