@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|s8b|s8c|s8d|s8e|s8f|s8g|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|s8b|s8c|s8d|s8e|s8f|s8g|s9|s9-tests|trace|ncu|all]
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
-# calls 2 to 7.
+# calls 2 to 7; s9, s9-tests: prepared for session 9.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -306,4 +306,32 @@ if [ "$what" = s8g ]; then
   done
   DSV41_MONO_KEY_CHUNK=32 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
     2>&1 | tail -11
+fi
+if [ "$what" = s9 ]; then
+  # Prepared for session 9 (about 3 minutes): mono's combine with 4 chunks' partials a load
+  # (DSV41_MONO_COMBINE_AHEAD=4) with 32- and 64-key attention tasks at M = 1, both shares,
+  # the trace of 32 keys with it, and the combine alone at M = 16 and 48.
+  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+    2>&1 | grep -E "^(nvidia|mono) "; }
+  for run in "64 1" "32 1" "64 4" "32 4" "64 1" "32 4"; do
+    set -- $run
+    DSV41_MONO_KEY_CHUNK=$1 DSV41_MONO_COMBINE_AHEAD=$2 b --backend mono --tp 4 --tokens 1 \
+      | sed "s/^/keys $1, ahead $2, tp 4: /"
+  done
+  for run in "64 1" "32 4"; do
+    set -- $run
+    DSV41_MONO_KEY_CHUNK=$1 DSV41_MONO_COMBINE_AHEAD=$2 b --backend mono --tp 2 --tokens 1 \
+      | sed "s/^/keys $1, ahead $2, tp 2: /"
+  done
+  DSV41_MONO_KEY_CHUNK=32 DSV41_MONO_COMBINE_AHEAD=4 timeout 120 python3 benchmarks/mono_trace.py \
+    --tp 4 --tokens 1 2>&1 | tail -11
+  for ahead in 1 4; do
+    DSV41_MONO_COMBINE_AHEAD=$ahead b --backend mono --tp 4 --tokens 16,48 | sed "s/^/ahead $ahead: /"
+  done
+fi
+if [ "$what" = s9-tests ]; then
+  # Prepared for session 9 (about 5 minutes): the mono GPU tests with the combine's 4 chunks a
+  # load (KEY_CHUNK=32 runs them with 32-key attention tasks at every token count too).
+  DSV41_MONO_COMBINE_AHEAD=4 DSV41_MONO_KEY_CHUNK=${KEY_CHUNK:-64} python3 -m pytest -q \
+    -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 400 2>&1 | tail -3
 fi
