@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the device machine: GPU tests, parity and the layer benchmark,
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
-# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh [tests|bench|ab|steps|pdl|sweep|s6|s6b|s6c|s6tests|next|next-tests|s7|s7-final|s8|s8-tests|s8b|s8c|s8d|s8e|s8f|s8g|s9|s9-tests|trace|ncu|all]
+# triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
+# tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
+# s8b s8c s8d s8e s8f s8g s9 s9-tests trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -13,12 +15,25 @@ what=${1:-all}
 OUT=${OUT:-/tmp/dsv41-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader \
+  | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+  | tee -a "$OUT/gpu.txt"
+# One bench run's table rows (the eager reference timed once); the modes below call it.
+b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+  2>&1 | grep -E "^(nvidia|mono) "; }
+# ab VAR "V1 V2 ..." ARGS: b ARGS once for each value of the switch VAR, rows tagged with both.
+ab() {
+  local var=$1 vals=$2 v
+  shift 2
+  for v in $vals; do (export "$var=$v"; b "$@") | sed "s|^|$var=$v $*: |"; done
+}
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/gpu --timeout 500 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-  python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 4 --json "$OUT/parity_tp4.json" 2>&1 | tee "$OUT/parity_tp4.txt"
+  python3 -m pytest -q -p no:cacheprovider tests/gpu --timeout 500 ${PYTEST_ARGS:-} 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -25
+  python3 -m dsv41.cli parity --config dsv41-flash --tp 4 --tokens 4 --json "$OUT/parity_tp4.json" \
+    2>&1 | tee "$OUT/parity_tp4.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   for tp in 4 2; do
@@ -30,17 +45,19 @@ fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.
   timeout 150 python3 benchmarks/mono_trace.py --tp 4 --tokens 1,16,48 2>&1 | tail -36
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py -k trace 2>&1 | tail -2
-  DSV41_MONO_GEMV_BLOCK=1024 timeout 120 python3 -m dsv41.cli bench --backend mono --config dsv41-flash \
-    --tp 4 --tokens 1,16 --reference-repeats 1 2>&1 | grep -E "^mono " | sed 's/^/GEMV K 1024: /'
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py -k trace 2>&1 \
+    | tail -2
+  DSV41_MONO_GEMV_BLOCK=1024 b --backend mono --tp 4 --tokens 1,16 | sed 's/^/GEMV K 1024: /'
 fi
 if [ "$what" = ncu ]; then
   # Hardware counters at tp 4, M = 1: mono's one kernel, then nvidia's four GEMMs of one step.
   NCU=/usr/local/cuda/bin/ncu
   M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum"
-  M="$M,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active"
+  M="$M,sm__throughput.avg.pct_of_peak_sustained_elapsed"
+  M="$M,sm__warps_active.avg.pct_of_peak_sustained_active"
   M="$M,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second,launch__registers_per_thread"
-  M="$M,launch__grid_size,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+  M="$M,launch__grid_size,smsp__inst_executed.sum"
+  M="$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
   M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
   timeout 130 $NCU --clock-control none -k regex:mono_kernel --launch-skip 3 --launch-count 1 \
     --metrics "$M" python3 benchmarks/ncu_steps.py --backend mono > "$OUT/ncu_mono.txt" 2>&1
@@ -48,9 +65,11 @@ if [ "$what" = ncu ]; then
     --metrics "$M" python3 benchmarks/ncu_steps.py --backend nvidia > "$OUT/ncu_nvidia.txt" 2>&1
   for f in mono nvidia; do
     echo "== ncu $f"
-    grep -E "mono_kernel|mx_gemm_kernel|gpu__time|dram__|sm__|launch__|inst_exec|bank_conf" "$OUT/ncu_$f.txt" \
+    grep -E "mono_kernel|mx_gemm_kernel|gpu__time|dram__|sm__|launch__|inst_exec|bank_conf" \
+      "$OUT/ncu_$f.txt" \
       | sed -E 's/ +/ /g' | head -60
-    grep -E "mx_gemm_kernel|mono_kernel|issue_stalled" "$OUT/ncu_$f.txt" | sed -E 's/ +/ /g;s/smsp__average_warps_issue_stalled_//' \
+    grep -E "mx_gemm_kernel|mono_kernel|issue_stalled" "$OUT/ncu_$f.txt" \
+      | sed -E 's/ +/ /g;s/smsp__average_warps_issue_stalled_//' \
       | awk '/kernel/ {print substr($0, 1, 60); next} $NF+0 >= 0.3' 
   done
 fi
@@ -58,8 +77,6 @@ if [ "$what" = ab ]; then
   # Session 5's A/B, each switch off against the defaults, and the tables for BENCHMARKS.md:
   # nvidia's wq_b RMSNorm prologue, PDL; mono's wo_a K parts. (Call 3 also ran the register
   # cap of d018cec, since reverted, with DSV41_GEMV_ONE_WAVE=0.)
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
     | sed "s/^/tp 4: /"
   b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
@@ -73,8 +90,6 @@ if [ "$what" = s6 ]; then
   # defaults now), the tables at both shares, mono with 16 warps a program, and its trace.
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py --timeout 300 \
     2>&1 | tail -3
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
     | sed "s/^/tp 4: /"
   b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
@@ -85,8 +100,6 @@ fi
 if [ "$what" = s6b ]; then
   # Session 6, call 4: nvidia at M = 1, whole-row GEMV tiles of at most 1 or 5 K steps, PDL
   # on (the default at M = 1) and off; mono's tables with 16 single-MX-block combine tasks.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   for st in 1 5; do
     for pdl in 1 0; do
       DSV41_GEMV_STEPS=$st DSV41_PDL=$pdl b --backend nvidia --tp 4 --tokens 1 \
@@ -102,8 +115,6 @@ fi
 if [ "$what" = s6c ]; then
   # Session 6, call 6: nvidia at M = 1 with 4-head combine programs (the default now), twice,
   # and with 16 KB split-K GEMV tiles; then the attention and step tests.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   for run in 1 2; do b --backend nvidia --tp 4 --tokens 1 | sed "s/^/run $run, tp 4: /"; done
   DSV41_GEMV_SPLIT_TILE=16384 b --backend nvidia --tp 4 --tokens 1 | sed "s/^/16 KB tiles, tp 4: /"
   b --backend nvidia --tp 2 --tokens 1 | sed "s/^/tp 2: /"
@@ -122,8 +133,6 @@ if [ "$what" = next ]; then
   # the default, and its trace; the nvidia tables on today's tree (4-head combine programs);
   # nvidia with whole-row Wqkv / wq_b tiles padded to one K step (DSV41_GEMV_PAD=1), and with
   # one-block attention splits reading their keys before the PDL wait (DSV41_ATTN_EARLY=1).
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   for ahead in 0 1; do
     DSV41_MONO_TICKET_AHEAD=$ahead b --backend mono --tp 4 --tokens 1,16,48 \
       | sed "s/^/ticket ahead $ahead: /"
@@ -172,32 +181,31 @@ fi
 if [ "$what" = s7 ]; then
   # Session 7, call 3: the L2 prefetch of wq_b, wo_a and wo_b at the step's start
   # (DSV41_L2_PREFETCH, since removed: slower) against off; the tables with it on.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   for run in 1 2; do
     for pf in 1 0; do
-      DSV41_L2_PREFETCH=$pf b --backend nvidia --tp 4 --tokens 1 | sed "s/^/run $run, prefetch $pf, tp 4: /"
+      DSV41_L2_PREFETCH=$pf b --backend nvidia --tp 4 --tokens 1 \
+        | sed "s/^/run $run, prefetch $pf, tp 4: /"
     done
   done
   for pf in 1 0; do
     DSV41_L2_PREFETCH=$pf b --backend mono --tp 4 --tokens 1,16,48 | sed "s/^/prefetch $pf, tp 4: /"
-    DSV41_L2_PREFETCH=$pf b --backend nvidia,mono --tp 2 --tokens 1,16,48 | sed "s/^/prefetch $pf, tp 2: /"
+    DSV41_L2_PREFETCH=$pf b --backend nvidia,mono --tp 2 --tokens 1,16,48 \
+      | sed "s/^/prefetch $pf, tp 2: /"
   done
   b --backend nvidia --tp 4 --tokens 2,4,8,16,32,48 --json "$OUT/bench_tp4.json" | sed "s/^/tp 4: /"
   DSV41_L2_PREFETCH=0 b --backend nvidia --tp 4 --tokens 16,48 | sed "s/^/prefetch 0, tp 4: /"
   b --backend mono --tp 4 --tokens 2,4,8,32 | sed "s/^/tp 4: /"
-  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mono_gpu.py \
-    -k "nvidia_step or prefetch" --timeout 300 2>&1 | tail -3
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mono_gpu.py -k "nvidia_step or prefetch" --timeout 300 2>&1 | tail -3
 fi
 if [ "$what" = s7-final ]; then
   # Session 7, last call: nvidia at M = 1 with combine programs of 4 (default), 2 and 1 heads
   # (DSV41_COMBINE_HEADS, since removed);
   # mono with 32-key attention tasks against 64; both tables; the nvidia step tests with
   # 2-head combine programs, and the attention tests.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   for ch in 4 2 1 4; do
-    DSV41_COMBINE_HEADS=$ch b --backend nvidia --tp 4 --tokens 1 | sed "s/^/combine heads $ch, tp 4: /"
+    DSV41_COMBINE_HEADS=$ch b --backend nvidia --tp 4 --tokens 1 \
+      | sed "s/^/combine heads $ch, tp 4: /"
   done
   DSV41_COMBINE_HEADS=2 b --backend nvidia --tp 2 --tokens 1 | sed "s/^/combine heads 2, tp 2: /"
   DSV41_MONO_KEY_CHUNK=32 b --backend mono --tp 4 --tokens 1,16,48 | sed "s/^/key chunk 32, tp 4: /"
@@ -211,33 +219,24 @@ if [ "$what" = s8 ]; then
   # Prepared for session 8 (about 5 minutes): mono's one-token GEMV on weights held as int32
   # words (DSV41_MONO_GEMV_WORDS=1) against the default, both shares, and its trace; mono's
   # tensor-core GEMV blocks cut into 4 or 8 K segments against 1.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
-  for words in 0 1 0 1; do
-    DSV41_MONO_GEMV_WORDS=$words b --backend mono --tp 4 --tokens 1 | sed "s/^/words $words, tp 4: /"
-  done
-  for words in 0 1; do
-    DSV41_MONO_GEMV_WORDS=$words b --backend mono --tp 2 --tokens 1 | sed "s/^/words $words, tp 2: /"
-  done
+  ab DSV41_MONO_GEMV_WORDS "0 1 0 1" --backend mono --tp 4 --tokens 1
+  ab DSV41_MONO_GEMV_WORDS "0 1" --backend mono --tp 2 --tokens 1
   DSV41_MONO_GEMV_WORDS=1 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
     2>&1 | tail -11
   # tensor-core GEMV blocks cut into K segments (DSV41_MONO_MMA_SPLIT) at M = 8, 16, 48
-  for split in 1 4 8 1; do
-    DSV41_MONO_MMA_SPLIT=$split b --backend mono --tp 4 --tokens 8,16,48 | sed "s/^/split $split, tp 4: /"
-  done
+  ab DSV41_MONO_MMA_SPLIT "1 4 8 1" --backend mono --tp 4 --tokens 8,16,48
 fi
 if [ "$what" = s8-tests ]; then
   # Prepared for session 8 (about 5 minutes): the mono GPU tests with the words on (they
   # change the one-token steps) and the K segments of the better split (SPLIT, default 8).
-  DSV41_MONO_GEMV_WORDS=1 DSV41_MONO_MMA_SPLIT=${SPLIT:-8} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+  DSV41_MONO_GEMV_WORDS=1 DSV41_MONO_MMA_SPLIT=${SPLIT:-8} python3 -m pytest -q \
+    -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     --timeout 500 2>&1 | tail -2
 fi
 if [ "$what" = s8b ]; then
   # Session 8, call 2 (about 4 minutes): the tables with the words and K segments on by
   # default; tensor cores with 8 segments at M = 2, 4 (CUDA cores for one token only); 8 and
   # 4 segments at M = 32; mono's trace at M = 16.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
     | sed "s/^/tp 4: /"
   b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
@@ -258,40 +257,23 @@ if [ "$what" = s8d ]; then
   # Session 8, call 4 (about 3 minutes): one token's wq_b and wo_b tasks two at once
   # (DSV41_MONO_PAIRS) against one at a time, both shares, and its trace; nvidia's split-K
   # CUDA-core tiles of 4 KB against 8 KB at M = 1.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
-  for pairs in 0 1 0 1; do
-    DSV41_MONO_PAIRS=$pairs b --backend mono --tp 4 --tokens 1 | sed "s/^/pairs $pairs, tp 4: /"
-  done
-  for pairs in 0 1; do
-    DSV41_MONO_PAIRS=$pairs b --backend mono --tp 2 --tokens 1 | sed "s/^/pairs $pairs, tp 2: /"
-  done
+  ab DSV41_MONO_PAIRS "0 1 0 1" --backend mono --tp 4 --tokens 1
+  ab DSV41_MONO_PAIRS "0 1" --backend mono --tp 2 --tokens 1
   DSV41_MONO_PAIRS=1 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
-  for tile in 4096 8192; do
-    DSV41_GEMV_SPLIT_TILE=$tile b --backend nvidia --tp 4 --tokens 1 | sed "s/^/split tile $tile: /"
-  done
+  ab DSV41_GEMV_SPLIT_TILE "4096 8192" --backend nvidia --tp 4 --tokens 1
 fi
 if [ "$what" = s8e ]; then
   # Session 8, call 5 (about 3 minutes): one token's GEMV tasks in pairs, wq_b and wo_b only
   # (DSV41_MONO_PAIRS=1, the default) or every GEMV stage (2, since removed), against none (0);
   # the trace of 2.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
-  for pairs in 0 1 2 1 2; do
-    DSV41_MONO_PAIRS=$pairs b --backend mono --tp 4 --tokens 1 | sed "s/^/pairs $pairs, tp 4: /"
-  done
-  for pairs in 1 2; do
-    DSV41_MONO_PAIRS=$pairs b --backend mono --tp 2 --tokens 1 | sed "s/^/pairs $pairs, tp 2: /"
-  done
+  ab DSV41_MONO_PAIRS "0 1 2 1 2" --backend mono --tp 4 --tokens 1
+  ab DSV41_MONO_PAIRS "1 2" --backend mono --tp 2 --tokens 1
   DSV41_MONO_PAIRS=2 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 | tail -11
 fi
-
 if [ "$what" = s8f ]; then
   # Session 8, call 6 (about 7 minutes): the mono GPU tests with today's defaults (one token's
   # wq_b and wo_b tasks in pairs), then the tables at both shares.
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 400 2>&1 | tail -3
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
     | sed "s/^/tp 4: /"
   b --backend nvidia,mono --tp 2 --tokens 1,16,48 --json "$OUT/bench_tp2.json" | sed "s/^/tp 2: /"
@@ -299,11 +281,7 @@ fi
 if [ "$what" = s8g ]; then
   # Session 8, call 7 (about 1.5 minutes): mono's attention in 32-key tasks against 64 at M = 1,
   # and the trace with 32 (does an attention task's time follow its keys?).
-  for chunk in 64 32; do
-    DSV41_MONO_KEY_CHUNK=$chunk timeout 200 python3 -m dsv41.cli bench --config dsv41-flash \
-      --reference-repeats 1 --backend mono --tp 4 --tokens 1 2>&1 | grep -E "^mono " \
-      | sed "s/^/key chunk $chunk: /"
-  done
+  ab DSV41_MONO_KEY_CHUNK "64 32" --backend mono --tp 4 --tokens 1
   DSV41_MONO_KEY_CHUNK=32 timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
     2>&1 | tail -11
 fi
@@ -311,8 +289,6 @@ if [ "$what" = s9 ]; then
   # Prepared for session 9 (about 3 minutes): mono's combine with 4 chunks' partials a load
   # (DSV41_MONO_COMBINE_AHEAD=4) with 32- and 64-key attention tasks at M = 1, both shares,
   # the trace of 32 keys with it, and the combine alone at M = 16 and 48.
-  b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
-    2>&1 | grep -E "^(nvidia|mono) "; }
   for run in "64 1" "32 1" "64 4" "32 4" "64 1" "32 4"; do
     set -- $run
     DSV41_MONO_KEY_CHUNK=$1 DSV41_MONO_COMBINE_AHEAD=$2 b --backend mono --tp 4 --tokens 1 \
@@ -325,9 +301,7 @@ if [ "$what" = s9 ]; then
   done
   DSV41_MONO_KEY_CHUNK=32 DSV41_MONO_COMBINE_AHEAD=4 timeout 120 python3 benchmarks/mono_trace.py \
     --tp 4 --tokens 1 2>&1 | tail -11
-  for ahead in 1 4; do
-    DSV41_MONO_COMBINE_AHEAD=$ahead b --backend mono --tp 4 --tokens 16,48 | sed "s/^/ahead $ahead: /"
-  done
+  ab DSV41_MONO_COMBINE_AHEAD "1 4" --backend mono --tp 4 --tokens 16,48
 fi
 if [ "$what" = s9-tests ]; then
   # Prepared for session 9 (about 5 minutes): the mono GPU tests with the combine's 4 chunks a
