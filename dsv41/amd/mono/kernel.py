@@ -18,7 +18,13 @@ launch is read with ``.cg`` loads, and only after every producer of each
 
 A GEMV task loads its first two weight blocks (three on CUDA cores) before
 it waits on its activations and keeps loading that many blocks ahead of its
-multiplies, so weight streaming overlaps the hand-off latency. MXFP8 operands
+multiplies, so weight streaming overlaps the hand-off latency. With
+``GEMV_PAIRS`` a one-token wq_b or wo_b task takes its program's next ticket
+before it starts and, when that is a task of the same stage, runs both as one
+GEMV; else the program holds the ticket for its next turn. Holding keeps the
+ticket order's guarantee: the smallest unfinished task is never only held,
+since its holder is running a smaller one, so it is running, and its waits
+point to finished tasks. MXFP8 operands
 are dequantized exactly (e4m3 times a power of two fits bf16) and multiplied on
 bf16 tensor cores with fp32 accumulation (with ``EXACT``, the interpreter, whose
 bf16 ``tl.dot`` is broken, in fp32), or up to ``plan.CORES_TOKENS`` tokens on
