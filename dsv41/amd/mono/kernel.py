@@ -22,9 +22,9 @@ multiplies, so weight streaming overlaps the hand-off latency. With
 ``GEMV_PAIRS`` a one-token wq_b or wo_b task takes its program's next ticket
 before it starts and, when that is a task of the same stage, runs both as one
 GEMV; else the program holds the ticket for its next turn. Holding keeps the
-ticket order's guarantee: the smallest unfinished task is never only held,
-since its holder is running a smaller one, so it is running, and its waits
-point to finished tasks. MXFP8 operands
+ticket order's guarantee: the smallest unfinished task is running, not merely
+held (a held ticket's program runs a smaller task, which would be unfinished
+too), and its waits point to finished tasks. MXFP8 operands
 are dequantized exactly (e4m3 times a power of two fits bf16) and multiplied on
 bf16 tensor cores with fp32 accumulation (with ``EXACT``, the interpreter, whose
 bf16 ``tl.dot`` is broken, in fp32), or up to ``plan.CORES_TOKENS`` tokens on
