@@ -288,7 +288,7 @@ fi
 if [ "$what" = s9 ]; then
   # Prepared for session 9 (about 3 minutes): mono's combine with 4 chunks' partials a load
   # (DSV41_MONO_COMBINE_AHEAD=4) with 32- and 64-key attention tasks at M = 1, both shares,
-  # the trace of 32 keys with it, and the combine alone at M = 16 and 48.
+  # the trace of 32 keys with it, and at M = 16 and 48 the combine alone and with 32 keys.
   for run in "64 1" "32 1" "64 4" "32 4" "64 1" "32 4"; do
     set -- $run
     DSV41_MONO_KEY_CHUNK=$1 DSV41_MONO_COMBINE_AHEAD=$2 b --backend mono --tp 4 --tokens 1 \
@@ -302,6 +302,7 @@ if [ "$what" = s9 ]; then
   DSV41_MONO_KEY_CHUNK=32 DSV41_MONO_COMBINE_AHEAD=4 timeout 120 python3 benchmarks/mono_trace.py \
     --tp 4 --tokens 1 2>&1 | tail -11
   ab DSV41_MONO_COMBINE_AHEAD "1 4" --backend mono --tp 4 --tokens 16,48
+  DSV41_MONO_COMBINE_AHEAD=4 ab DSV41_MONO_KEY_CHUNK "32" --backend mono --tp 4 --tokens 16,48
 fi
 if [ "$what" = s9-tests ]; then
   # Prepared for session 9 (about 5 minutes): the mono GPU tests with the combine's 4 chunks a
