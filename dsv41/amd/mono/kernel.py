@@ -605,10 +605,10 @@ def _combine(
     top = tl.where(has_key, top, 0.0)
     w_all = tl.where(m_all > float("-inf"), l_all * tl.exp(m_all - top[None, :]), 0.0)
     norm = tl.sum(w_all, axis=0)
-    o = tl.zeros((HEAD_TILE_, DIMS), tl.float32)
     if AHEAD > 1:
         o = _merge_chunks(s, h, hm, d, w_all, part_ptr, HEADS_P, CHUNKS, AHEAD)
     else:
+        o = tl.zeros((HEAD_TILE_, DIMS), tl.float32)
         row = s * CHUNKS * HEADS_P + h
         o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None],
                          other=0.0, cache_modifier=".cg")
@@ -888,6 +888,9 @@ def mono_kernel(
                 if held < tl.where(t < end_wqb, end_wqb, end_wob):  # the same stage as t
                     paired = held
                     held = t * 0 - 1
+        pair = False  # a constexpr unless GEMV_PAIRS: no pair code in the kernel then
+        if GEMV_PAIRS:
+            pair = paired >= 0
         if t < end_xq:  # xq is the first stage: its task index is the ticket
             _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
             _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
@@ -904,9 +907,6 @@ def mono_kernel(
                       Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
             _arrive(qrdy_ptr, S, tag, ok)
         elif t < end_wqb:
-            pair = False  # a constexpr unless GEMV_PAIRS: no pair code in the kernel then
-            if GEMV_PAIRS:
-                pair = paired >= 0
             if pair:
                 ok, seen = _wqb_pair(t, t - end_norm, paired - end_norm, qx8_ptr, qx8s_ptr,
                                      qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr,
@@ -945,9 +945,6 @@ def mono_kernel(
                                  O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES, GEMV_WORDS,
                                  CVT_PTX, MMA_SPLIT)
         else:
-            pair = False
-            if GEMV_PAIRS:
-                pair = paired >= 0
             if pair:
                 ok, seen = _wob_pair(t, t - end_woa, paired - end_woa, x8b_ptr, x8bs_ptr,
                                      ardy_ptr, y_ptr, wob_ptr, wob_s_ptr, S, seen, tag, spin_limit,
