@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from dsv41.amd.mono.checks import parity, region_agreement
 from dsv41.amd.mono.executor import ScheduleExecutor
-from dsv41.amd.mono.kernel import _merge_chunks
 from dsv41.amd.mono.launcher import MonoRunner
 from dsv41.amd.mono.plan import CTL_EPOCH
 from dsv41.common.rope import rope_tables
@@ -58,16 +55,6 @@ def test_pairs_match_executor_and_reference(
     runner = _against_executor_and_reference(tp, layer_id, 1, 256, tiny_layer, run_mono,
                                              run_reference)  # fmt: skip
     assert runner.plan.tiling["GEMV_PAIRS"] == pairs and runner.plan.tiling["GEMV_WORDS"]
-
-
-def test_combine_ahead_matches_executor_and_reference(
-    tiny_layer, run_mono, run_reference, monkeypatch
-) -> None:
-    """The combine with both chunks' partials in one load (DSV41_MONO_COMBINE_AHEAD)."""
-    monkeypatch.setenv("DSV41_MONO_COMBINE_AHEAD", "2")
-    runner = _against_executor_and_reference(4, 1, 7, 256, tiny_layer, run_mono,
-                                             run_reference)  # fmt: skip
-    assert runner.plan.tiling["COMBINE_AHEAD"] == 2 and runner.plan.chunks == 2
 
 
 @pytest.mark.parametrize("tp, layer_id, tokens", [(4, 1, 7), (2, 0, 48)])
@@ -150,31 +137,3 @@ def test_task_trace_needs_a_gpu_and_its_shape(tiny_layer) -> None:
     trace = torch.zeros(runner.plan.total_tasks, 3, dtype=torch.int64)
     with pytest.raises(ValueError, match="trace: the task trace reads the NVIDIA global timer"):
         runner.launch(*step, trace=trace)
-
-
-@triton.jit
-def _merge_probe(part_ptr, w_ptr, out_ptr, s, d0, HEADS_P: tl.constexpr, CHUNKS: tl.constexpr,
-                 CHUNKS_P: tl.constexpr, DIMS: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
-    h = tl.arange(0, HEADS_P)
-    d = d0 + tl.arange(0, DIMS)
-    w_all = tl.load(w_ptr + tl.arange(0, CHUNKS_P)[:, None] * HEADS_P + h[None, :])
-    o = _merge_chunks(s, h, h < HEADS_P, d, w_all, part_ptr, HEADS_P, CHUNKS, AHEAD)
-    tl.store(out_ptr + h[:, None] * DIMS + tl.arange(0, DIMS)[None, :], o)
-
-
-@pytest.mark.parametrize("chunks, ahead", [(5, 2), (10, 4), (3, 8)])
-def test_merge_chunks_several_a_load(chunks: int, ahead: int) -> None:
-    """The combine's merge with several chunks' partials a load (DSV41_MONO_COMBINE_AHEAD)
-    against the weighted sum: chunk counts that are no multiple of the load, fewer chunks
-    than one load, a token past the first (s = 1), dims past the first part."""
-    g = torch.Generator().manual_seed(chunks)
-    heads, head_dim, dims, s = 16, 512, 128, 1
-    chunks_p = triton.next_power_of_2(chunks)
-    part = torch.randn(2 * chunks * heads, head_dim, generator=g)
-    w = torch.rand(chunks_p, heads, generator=g)
-    w[chunks:] = 0.0  # the kernel's weights past the last chunk are 0
-    out = torch.empty(heads, dims)
-    _merge_probe[(1,)](part, w, out, s, dims, heads, chunks, chunks_p, dims, ahead)
-    rows = part.view(2, chunks, heads, head_dim)[s, :, :, dims : 2 * dims]
-    want = (w[:chunks, :, None] * rows).sum(dim=0)
-    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

@@ -258,18 +258,6 @@ def test_gemv_pairs_only_with_weight_words(monkeypatch) -> None:
         gemv_pairs(1)
 
 
-def test_combine_ahead_is_checked(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import combine_ahead
-
-    monkeypatch.delenv("DSV41_MONO_COMBINE_AHEAD", raising=False)
-    assert combine_ahead() == 1
-    monkeypatch.setenv("DSV41_MONO_COMBINE_AHEAD", "4")
-    assert Plan(Dims.of("dsv41-flash", 4), 1).tiling["COMBINE_AHEAD"] == 4
-    monkeypatch.setenv("DSV41_MONO_COMBINE_AHEAD", "3")
-    with pytest.raises(ValueError, match="DSV41_MONO_COMBINE_AHEAD: expected 1, 2, 4 or 8, got '3'"):
-        combine_ahead()
-
-
 def test_mma_split_is_checked(monkeypatch) -> None:
     from dsv41.amd.mono.plan import mma_split
 

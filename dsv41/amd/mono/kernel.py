@@ -553,42 +553,16 @@ def _attn(
 
 
 @triton.jit
-def _merge_chunks(s, h, hm, d, w_all, part_ptr, HEADS_P: tl.constexpr, CHUNKS: tl.constexpr,
-                  AHEAD: tl.constexpr):  # fmt: skip
-    """``sum_c w_all[c] part[s, c]`` over the chunks for heads ``h`` and dims ``d``, AHEAD
-    chunks' partials a load (``[AHEAD, heads, dims]``), one load ahead of its products."""
-    g = tl.arange(0, AHEAD)
-    j = tl.arange(0, w_all.shape[0])
-    rows = (s * CHUNKS + g)[:, None] * HEADS_P + h[None, :]  # [AHEAD, heads]
-    o_next = tl.load(part_ptr + rows[:, :, None] * HEAD_DIM + d[None, None, :],
-                     mask=((g < CHUNKS)[:, None] & hm[None, :])[:, :, None], other=0.0,
-                     cache_modifier=".cg")
-    o = tl.zeros((h.shape[0], d.shape[0]), tl.float32)
-    for c0 in range(0, CHUNKS, AHEAD):
-        o_c = o_next
-        rows += AHEAD * HEADS_P
-        live = (c0 + AHEAD + g < CHUNKS)[:, None] & hm[None, :]
-        o_next = tl.load(part_ptr + rows[:, :, None] * HEAD_DIM + d[None, None, :],
-                         mask=live[:, :, None], other=0.0, cache_modifier=".cg")
-        # the weights of chunks c0 .. c0 + AHEAD: [AHEAD, heads]
-        w_c = tl.sum(tl.where((j[:, None] == c0 + g[None, :])[:, :, None], w_all[:, None, :], 0.0),
-                     axis=0)
-        o += tl.sum(w_c[:, :, None] * o_c, axis=0)
-    return o
-
-
-@triton.jit
 def _combine(
     s, tile, part, part_ptr, pstat_ptr, sink_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr,
     xos_ptr, HEADS: tl.constexpr, HEADS_P: tl.constexpr, CHUNKS: tl.constexpr,
-    CHUNKS_P: tl.constexpr, GROUP_K: tl.constexpr, NOPE: tl.constexpr, AHEAD: tl.constexpr,
+    CHUNKS_P: tl.constexpr, GROUP_K: tl.constexpr, NOPE: tl.constexpr,
 ):
     """Dims ``part * DIMS ..`` of token s's 16 heads: merge the chunks, sink gate, inverse RoPE,
     bf16, MXFP8 -> xo (fused O layout).
 
     Every chunk's (max, sum) comes in one load (``CHUNKS_P``: CHUNKS padded to a power of
-    two); each chunk's partial is loaded one chunk ahead of its products, or with ``AHEAD``
-    > 1 the partials come AHEAD chunks a load, one such load ahead of its products.
+    two); each chunk's partial is loaded one chunk ahead of its products.
     """
     DIMS: tl.constexpr = HEAD_DIM // COMBINE_PARTS_
     h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
@@ -605,20 +579,17 @@ def _combine(
     top = tl.where(has_key, top, 0.0)
     w_all = tl.where(m_all > float("-inf"), l_all * tl.exp(m_all - top[None, :]), 0.0)
     norm = tl.sum(w_all, axis=0)
-    if AHEAD > 1:
-        o = _merge_chunks(s, h, hm, d, w_all, part_ptr, HEADS_P, CHUNKS, AHEAD)
-    else:
-        o = tl.zeros((HEAD_TILE_, DIMS), tl.float32)
-        row = s * CHUNKS * HEADS_P + h
-        o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None],
-                         other=0.0, cache_modifier=".cg")
-        for c in range(CHUNKS):
-            o_c = o_next
-            row += HEADS_P
-            o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :],
-                             mask=hm[:, None] & (c + 1 < CHUNKS), other=0.0, cache_modifier=".cg")
-            w_c = tl.sum(tl.where(j[:, None] == c, w_all, 0.0), axis=0)
-            o += w_c[:, None] * o_c
+    o = tl.zeros((HEAD_TILE_, DIMS), tl.float32)
+    row = s * CHUNKS * HEADS_P + h
+    o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None], other=0.0,
+                     cache_modifier=".cg")
+    for c in range(CHUNKS):
+        o_c = o_next
+        row += HEADS_P
+        o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                         mask=hm[:, None] & (c + 1 < CHUNKS), other=0.0, cache_modifier=".cg")
+        w_c = tl.sum(tl.where(j[:, None] == c, w_all, 0.0), axis=0)
+        o += w_c[:, None] * o_c
     o = o / tl.where(has_key, norm, 1.0)[:, None]
     lse = top + tl.log(tl.where(has_key, norm, 1.0))
     sink = tl.load(sink_ptr + h, mask=hm, other=0.0)
@@ -857,7 +828,6 @@ def mono_kernel(
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
     MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False,
-    COMBINE_AHEAD: tl.constexpr = 1,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
@@ -936,7 +906,7 @@ def mono_kernel(
             if ok:
                 _combine(st // HEAD_TILES, tile, i % COMBINE_PARTS_, part_ptr, pstat_ptr, sink_ptr,
                          pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr, xos_ptr, HEADS, HEADS_P,
-                         CHUNKS, CHUNKS_P, GROUP_K, NOPE, COMBINE_AHEAD)
+                         CHUNKS, CHUNKS_P, GROUP_K, NOPE)
             _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
         elif t < end_woa:
             ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,

@@ -167,13 +167,6 @@ def gemv_pairs(tokens: int) -> bool:
     return env_flag("DSV41_MONO_PAIRS", PAIRS) and gemv_words(tokens)
 
 
-def combine_ahead() -> int:
-    """Chunks' partials a combine task loads at once (kernel ``COMBINE_AHEAD``, ``_merge_chunks``):
-    ``DSV41_MONO_COMBINE_AHEAD`` (1, 2, 4 or 8) when set, else 1 (one chunk ahead of its
-    products). Not yet timed on the H200."""
-    return env_int("DSV41_MONO_COMBINE_AHEAD", 1, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
-
-
 def mma_split(tokens: int) -> int | None:
     """K segments a tensor-core GEMV block is cut into (kernel ``MMA_SPLIT``, ``_mma_split``):
     ``DSV41_MONO_MMA_SPLIT`` (1, 2, 4 or 8) when set, 1 on CUDA cores, else None: the plan
@@ -305,11 +298,10 @@ class Plan:
 
     @functools.cached_property
     def tiling(self) -> dict[str, int | bool]:
-        """The kernel's tiling constexprs for this plan: the K block of each GEMV (``BK_X`` a
+        """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b),
-        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS``, ``MMA_SPLIT`` and ``COMBINE_AHEAD``.
-        Read once (the switches included), so the task tables and the launches built from one
-        plan always agree."""
+        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``. Read once (the switches
+        included), so the task tables and the launches built from one plan always agree."""
         m, d = self.dims.model, self.dims
         blocks = {
             "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
@@ -330,7 +322,6 @@ class Plan:
             "GEMV_CORES": gemv_on_cores(self.tokens),
             "GEMV_WORDS": gemv_words(self.tokens),
             "GEMV_PAIRS": gemv_pairs(self.tokens),
-            "COMBINE_AHEAD": combine_ahead(),
             "MMA_SPLIT": split,
         }
 
