@@ -25,11 +25,12 @@ LONG_SUMS = ("z", "woap")
     "tp, layer_id, tokens, hidden, cores, woa_parts, words",
     # both shares, all three layer kinds, S = 1, 7, 48; hidden 512: x in 4 xq blocks; the GEMV
     # blocks on tensor cores, and on CUDA cores (DSV41_MONO_GEMV_CORES) at S = 1 and 7, at S = 1
-    # also on weights held as words (DSV41_MONO_GEMV_WORDS); wo_a in 1, 2 and 4 K parts
-    # (DSV41_MONO_WOA_PARTS)
+    # and 3 (4 token rows, one dead) also on weights held as words (DSV41_MONO_GEMV_WORDS); wo_a
+    # in 1, 2 and 4 K parts (DSV41_MONO_WOA_PARTS)
     [(4, 1, 1, 512, False, 4, False), (2, 2, 7, 256, False, 1, False),
      (4, 0, 48, 256, False, 4, False), (4, 1, 1, 512, True, 4, False),
-     (2, 2, 7, 256, True, 2, False), (4, 1, 1, 512, True, 4, True), (2, 2, 1, 256, True, 2, True)],
+     (2, 2, 7, 256, True, 2, False), (4, 1, 1, 512, True, 4, True), (2, 2, 1, 256, True, 2, True),
+     (4, 2, 3, 256, True, 2, True)],
 )
 def test_kernel_matches_executor_and_reference(
     tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, woa_parts: int, words: bool,

@@ -225,12 +225,12 @@ def test_gemv_cores_switch_is_checked(monkeypatch) -> None:
             gemv_on_cores(1)
 
 
-def test_gemv_words_only_for_one_token_on_cuda_cores(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import gemv_words
+def test_gemv_words_only_on_cuda_cores(monkeypatch) -> None:
+    from dsv41.amd.mono.plan import CORES_TOKENS, gemv_words
 
     monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
     monkeypatch.delenv("DSV41_MONO_GEMV_WORDS", raising=False)
-    assert gemv_words(1) and not gemv_words(2)  # on by default, one token only
+    assert gemv_words(1) and gemv_words(CORES_TOKENS) and not gemv_words(CORES_TOKENS + 1)
     monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "0")
     assert not gemv_words(1)
     monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "1")

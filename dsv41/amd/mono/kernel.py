@@ -239,14 +239,21 @@ def _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0, K: tl.constexpr,
 
 
 @triton.jit
-def _act_words(a_ptr, as_ptr, k0, K: tl.constexpr, BK: tl.constexpr):
-    """One token's MXFP8 activation block ``a[k0 : k0 + BK]`` as int32 words ``[BK / 4]`` and
-    ``[BK / 32]`` codes (``.cg``: written in this launch); nothing past K is read."""
-    c = k0 // 4 + tl.arange(0, BK // 4)
-    kb = k0 // MX + tl.arange(0, BK // MX)
-    aw = tl.load(a_ptr.to(tl.pointer_type(tl.int32)) + c, mask=c < K // 4, other=0,
-                 cache_modifier=".cg")
-    a_s = tl.load(as_ptr + kb, mask=kb < K // MX, other=0, cache_modifier=".cg")
+def _act_words(a_ptr, as_ptr, a_stride, S, k0, K: tl.constexpr, BK: tl.constexpr,
+               TB: tl.constexpr):  # fmt: skip
+    """Token rows ``0 .. TB``'s MXFP8 activation block ``a[:, k0 : k0 + BK]`` as int32 words
+    ``[TB, BK / 4]`` and ``[TB, BK / 32]`` codes (``.cg``: written in this launch); rows past S
+    and columns past K are not read (0)."""
+    tok = tl.arange(0, TB)[:, None]
+    live = tok < S
+    if TB == 1:  # the one row is live
+        live = tok == 0
+    c = k0 // 4 + tl.arange(0, BK // 4)[None, :]
+    kb = k0 // MX + tl.arange(0, BK // MX)[None, :]
+    aw = tl.load(a_ptr.to(tl.pointer_type(tl.int32)) + tok * (a_stride // 4) + c,
+                 mask=live & (c < K // 4), other=0, cache_modifier=".cg")  # fmt: skip
+    a_s = tl.load(as_ptr + tok * (a_stride // MX) + kb, mask=live & (kb < K // MX), other=0,
+                  cache_modifier=".cg")  # fmt: skip
     return aw, a_s
 
 
@@ -283,13 +290,31 @@ def _per_word(v, ROWS: tl.constexpr, BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr, seen, tag,
-                spin_limit, ctl_ptr, ticket, K: tl.constexpr, BK: tl.constexpr,
-                PTX: tl.constexpr):  # fmt: skip
-    """``_gemv`` of one token on CUDA cores for the weight rows ``rows`` with the weights in
-    flight as int32 words (``_weight_words``; three blocks ahead, the first three before the
-    wait) and the activation one block ahead: each word's four products summed, times the
-    weight's scale, added to the word's own lane; the lanes summed once, after the loop."""
+def _by_token(v, TB: tl.constexpr):
+    """A token's ``v [TB, words]`` as the lanes' ``[TB, 1, words]`` (one token: ``[1, words]``,
+    the lanes staying ``[rows, words]``)."""
+    if TB > 1:
+        v = v[:, None, :]
+    return v
+
+
+@triton.jit
+def _by_weight(v, TB: tl.constexpr):
+    """A weight row's ``v [rows, words]`` as the lanes' ``[1, rows, words]`` (one token: as is)."""
+    if TB > 1:
+        v = v[None, :, :]
+    return v
+
+
+@triton.jit
+def _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
+                seen, tag, spin_limit, ctl_ptr, ticket, TB: tl.constexpr, K: tl.constexpr,
+                BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """``_gemv`` of TB token rows (S live) on CUDA cores for the weight rows ``rows`` with the
+    weights in flight as int32 words (``_weight_words``; three blocks ahead, the first three
+    before the wait) and the activations one block ahead: each word's four products summed,
+    times both scales, added to the (token, word) lane; the lanes summed once, after the loop.
+    Returns ``(acc [TB, len(rows)], ok)``."""
     ROWS: tl.constexpr = rows.shape[0]
     BLOCKS: tl.constexpr = BK // MX
     w0, ws0 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 0, K, BK)
@@ -298,19 +323,23 @@ def _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr
     ok = ticket >= 0
     if box_ptr.to(tl.int64) != seen:
         ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
-    aw, a_s = _act_words(a_ptr, as_ptr, 0, K, BK)
-    lanes = tl.zeros((ROWS, BK // 4), tl.float32)
+    aw, a_s = _act_words(a_ptr, as_ptr, a_stride, S, 0, K, BK, TB)
+    lanes = tl.zeros((TB, ROWS, BK // 4) if TB > 1 else (ROWS, BK // 4), tl.float32)
     for k0 in range(0, K, BK):
-        a_scale = _per_word(e8m0_scale_tl(a_s.to(tl.int32))[None, :], 1, BLOCKS)
-        a0, a1, a2, a3 = _e4m3_words(aw[None, :], PTX)
-        aw, a_s = _act_words(a_ptr, as_ptr, k0 + BK, K, BK)
-        v0, v1, v2, v3 = _e4m3_words(w0, PTX)
-        w_scale = _per_word(e8m0_scale_tl(ws0.to(tl.int32)), ROWS, BLOCKS)
+        a_scale = _by_token(_per_word(e8m0_scale_tl(a_s.to(tl.int32)), TB, BLOCKS), TB)
+        a0, a1, a2, a3 = _e4m3_words(_by_token(aw, TB), PTX)
+        aw, a_s = _act_words(a_ptr, as_ptr, a_stride, S, k0 + BK, K, BK, TB)
+        v0, v1, v2, v3 = _e4m3_words(_by_weight(w0, TB), PTX)
+        w_scale = _by_weight(_per_word(e8m0_scale_tl(ws0.to(tl.int32)), ROWS, BLOCKS), TB)
         w0, ws0 = w1, ws1
         w1, ws1 = w2, ws2
         w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0 + 3 * BK, K, BK)
         lanes += (v0 * a0 + v1 * a1 + v2 * a2 + v3 * a3) * (w_scale * a_scale)
-    return tl.sum(lanes, axis=1)[None, :], ok
+    if TB > 1:
+        acc = tl.sum(lanes, axis=2)
+    else:
+        acc = tl.sum(lanes, axis=1)[None, :]
+    return acc, ok
 
 
 @triton.jit
@@ -322,8 +351,8 @@ def _gemv_pair(a_ptr, as_ptr, w_ptr, ws_ptr, row_a, row_b, w_stride, ws_stride, 
     tasks' weights are in flight before the one wait. Returns ``(acc_a, acc_b, ok)``."""
     r = tl.arange(0, 2 * ROWS)
     rows = tl.where(r < ROWS, row_a + r, row_b + r - ROWS)
-    acc, ok = _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr, seen,
-                          tag, spin_limit, ctl_ptr, ticket, K, BK, PTX)  # fmt: skip
+    acc, ok = _gemv_words(a_ptr, as_ptr, 0, 1, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
+                          seen, tag, spin_limit, ctl_ptr, ticket, 1, K, BK, PTX)  # fmt: skip
     halves = tl.reshape(acc, (2, ROWS))
     first = (tl.arange(0, 2) == 0)[:, None]
     acc_a = tl.sum(tl.where(first, halves, 0.0), axis=0)[None, :]
@@ -359,14 +388,15 @@ def _gemv(
     dequantized values summed in fp32, times the weight's scale, the blocks summed
     in fp32. With one token its activation block is loaded one block ahead, and each
     MX block's sum is added to its own lane across the K blocks; the lanes are summed
-    once, after the loop (no reduction across warps in the loop). With ``WORDS`` (one token
-    on CUDA cores) ``_gemv_words`` does it on weights held as int32 words. On tensor cores
+    once, after the loop (no reduction across warps in the loop). With ``WORDS`` (CUDA cores)
+    ``_gemv_words`` does it for every token on weights held as int32 words. On tensor cores
     with ``SPLIT`` > 1 each K block's product runs as ``_mma_split``.
     """
     if WORDS:
-        tl.static_assert(CORES and TB == 1, "weight words: one token on CUDA cores")
-        return _gemv_words(a_ptr, as_ptr, w_ptr, ws_ptr, tl.arange(0, ROWS), w_stride, ws_stride,
-                           box_ptr, seen, tag, spin_limit, ctl_ptr, ticket, K, BK, PTX)  # fmt: skip
+        tl.static_assert(CORES, "weight words: tokens on CUDA cores")
+        return _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, tl.arange(0, ROWS), w_stride,
+                           ws_stride, box_ptr, seen, tag, spin_limit, ctl_ptr, ticket, TB, K, BK,
+                           PTX)  # fmt: skip
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
     tok = tl.arange(0, TB)

@@ -153,18 +153,17 @@ def gemv_on_cores(tokens: int) -> bool:
 
 
 def gemv_words(tokens: int) -> bool:
-    """Whether one token's CUDA-core GEMV holds its weight blocks as int32 words (kernel
-    ``GEMV_WORDS``): at one token on CUDA cores, unless ``DSV41_MONO_GEMV_WORDS`` = 0.
+    """Whether the CUDA-core GEMV holds its weight blocks as int32 words (kernel
+    ``GEMV_WORDS``): on CUDA cores, unless ``DSV41_MONO_GEMV_WORDS`` = 0.
     H200, tp 4 / tp 2, M = 1: 72.1 / 104.4 us a step with words, 73.3 / 107.8 without."""
-    on = env_flag("DSV41_MONO_GEMV_WORDS", True)
-    return on and tokens == 1 and gemv_on_cores(tokens)
+    return env_flag("DSV41_MONO_GEMV_WORDS", True) and gemv_on_cores(tokens)
 
 
 def gemv_pairs(tokens: int) -> bool:
     """Whether a one-token wq_b or wo_b task may run together with its program's next task of
     the same stage (kernel ``GEMV_PAIRS``, with ``gemv_words`` only): ``DSV41_MONO_PAIRS``
     (1 or 0) when set, else ``PAIRS``."""
-    return env_flag("DSV41_MONO_PAIRS", PAIRS) and gemv_words(tokens)
+    return env_flag("DSV41_MONO_PAIRS", PAIRS) and tokens == 1 and gemv_words(tokens)
 
 
 def mma_split(tokens: int) -> int | None:
