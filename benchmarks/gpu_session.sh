@@ -3,12 +3,12 @@
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
-# s8b s8c s8d s8e s8f s8g s9 s9-tests trace ncu all (default all).
+# s8b s8c s8d s8e s8f s8g s9 s9b s9-tests trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
-# calls 2 to 7; s9, s9-tests: prepared for session 9.
+# calls 2 to 7; s9, s9-tests: prepared for session 9; s9b: session 9's call 2.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -303,6 +303,21 @@ if [ "$what" = s9 ]; then
     --tp 4 --tokens 1 2>&1 | tail -11
   ab DSV41_MONO_COMBINE_AHEAD "1 4" --backend mono --tp 4 --tokens 16,48
   DSV41_MONO_COMBINE_AHEAD=4 ab DSV41_MONO_KEY_CHUNK "32" --backend mono --tp 4 --tokens 16,48
+fi
+if [ "$what" = s9b ]; then
+  # Session 9, call 2 (about 6 minutes): mono's weight words at 2 tokens (and at 3 and 4 with
+  # CUDA cores up to 4), the trace at M = 2; nvidia's CUDA-core loop at 2 tokens, PDL off / on.
+  ab DSV41_MONO_GEMV_WORDS "0 1 0 1" --backend mono --tp 4 --tokens 2
+  ab DSV41_MONO_GEMV_WORDS "0 1" --backend mono --tp 2 --tokens 2
+  ab DSV41_MONO_GEMV_CORES "2 4 2 4" --backend mono --tp 4 --tokens 3,4
+  DSV41_MONO_GEMV_CORES=4 ab DSV41_MONO_GEMV_WORDS "1" --backend mono --tp 2 --tokens 4
+  ab DSV41_MONO_GEMV_CORES "2" --backend mono --tp 2 --tokens 4
+  b --backend mono --tp 4 --tokens 1 | sed "s/^/defaults: /"
+  timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 2 2>&1 | tail -11
+  for pdl in 0 1; do
+    DSV41_PDL=$pdl ab DSV41_GEMV_MAX_M "1 2" --backend nvidia --tp 4 --tokens 2 \
+      | sed "s/^/PDL $pdl /"
+  done
 fi
 if [ "$what" = s9-tests ]; then
   # Prepared for session 9 (about 5 minutes): the mono GPU tests with the combine's 4 chunks a
