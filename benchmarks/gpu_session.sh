@@ -3,12 +3,12 @@
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
-# s8b s8c s8d s8e s8f s8g s9 s9b s9-tests trace ncu all (default all).
+# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
-# calls 2 to 7; s9, s9-tests: prepared for session 9; s9b: session 9's call 2.
+# calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests: session 9's calls 2 to 4.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -319,9 +319,22 @@ if [ "$what" = s9b ]; then
       | sed "s/^/PDL $pdl /"
   done
 fi
+if [ "$what" = s9c ]; then
+  # Session 9, call 3 (about 5 minutes): nvidia's CUDA-core loop and PDL up to 2 tokens (the
+  # defaults) against session 8's (MMA loop, no PDL at 2), up to 4 tokens; then the tables.
+  for run in 1 2; do
+    b --backend nvidia --tp 4 --tokens 2,4 | sed "s/^/defaults: /"
+    DSV41_GEMV_MAX_M=1 DSV41_PDL=0 b --backend nvidia --tp 4 --tokens 2 | sed "s/^/session 8: /"
+  done
+  DSV41_GEMV_MAX_M=4 DSV41_PDL=1 b --backend nvidia --tp 4 --tokens 4 | sed "s/^/GEMV, PDL to 4: /"
+  b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
+    | sed "s/^/tp 4: /"
+  b --backend nvidia,mono --tp 2 --tokens 1,2,4,16,48 --json "$OUT/bench_tp2.json" \
+    | sed "s/^/tp 2: /"
+fi
 if [ "$what" = s9-tests ]; then
-  # Prepared for session 9 (about 5 minutes): the mono GPU tests with the combine's 4 chunks a
-  # load (KEY_CHUNK=32 runs them with 32-key attention tasks at every token count too).
-  DSV41_MONO_COMBINE_AHEAD=4 DSV41_MONO_KEY_CHUNK=${KEY_CHUNK:-64} python3 -m pytest -q \
-    -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 400 2>&1 | tail -3
+  # Session 9, call 4 (about 7 minutes): the mono GPU tests (weight words up to 4 tokens) and
+  # nvidia's step tests (the CUDA-core loop and PDL up to 2 tokens).
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+    tests/gpu/test_nvidia_step_gpu.py --timeout 400 2>&1 | tail -3
 fi
