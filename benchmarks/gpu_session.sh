@@ -333,8 +333,15 @@ if [ "$what" = s9c ]; then
     | sed "s/^/tp 2: /"
 fi
 if [ "$what" = s9-tests ]; then
-  # Session 9, call 4 (about 7 minutes): the mono GPU tests (weight words up to 4 tokens) and
-  # nvidia's step tests (the CUDA-core loop and PDL up to 2 tokens).
+  # Session 9, call 4 (about 9 minutes): nvidia at tp 2, M = 2 against session 8's loop; mono
+  # at M = 8 on CUDA cores in 128-column K blocks, at M = 4 in 256; then the mono GPU tests
+  # (weight words up to 4 tokens) and nvidia's step tests (CUDA-core loop, PDL up to 2 tokens).
+  b --backend nvidia --tp 2 --tokens 2 | sed "s/^/defaults: /"
+  DSV41_GEMV_MAX_M=1 DSV41_PDL=0 b --backend nvidia --tp 2 --tokens 2 | sed "s/^/session 8: /"
+  b --backend mono --tp 4 --tokens 4,8 | sed "s/^/defaults: /"
+  DSV41_MONO_GEMV_CORES=8 DSV41_MONO_GEMV_BLOCK=128 b --backend mono --tp 4 --tokens 8 \
+    | sed "s/^/cores 8, blocks 128: /"
+  DSV41_MONO_GEMV_BLOCK=256 b --backend mono --tp 4 --tokens 4 | sed "s/^/blocks 256: /"
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py --timeout 400 2>&1 | tail -3
 fi
