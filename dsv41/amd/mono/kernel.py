@@ -863,11 +863,11 @@ def mono_kernel(
 
     With ``TRACE`` each task's start and end (``%globaltimer``, waits included) and
     the program that ran it go to ``trace[ticket]`` (NVIDIA only; not in the interpreter).
-    ``GEMV_WORDS`` (one token on CUDA cores): the GEMV tasks hold their weights as int32 words
+    ``GEMV_WORDS`` (with ``GEMV_CORES``): the GEMV tasks hold their weights as int32 words
     (``_gemv_words``), converted with PTX when ``CVT_PTX`` (NVIDIA, not the interpreter).
-    ``GEMV_PAIRS`` (with ``GEMV_WORDS``): a wq_b or wo_b task takes its program's next ticket
-    before it starts; when that ticket is a task of the same stage both run as one
-    (``_gemv_pair``), else the next ticket is held for the next turn of the loop.
+    ``GEMV_PAIRS`` (one token, with ``GEMV_WORDS``): a wq_b or wo_b task takes its program's
+    next ticket before it starts; when that ticket is a task of the same stage both run as
+    one (``_gemv_pair``), else the next ticket is held for the next turn of the loop.
     """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
