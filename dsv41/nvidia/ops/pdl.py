@@ -11,8 +11,7 @@ synchronises before its next step).
 On by default for steps of up to ``PDL_MAX_TOKENS`` tokens (``DSV41_PDL`` = 1 / 0
 forces it on / off at every M). H200, graph replay, session 6: tp 4, M = 1,
 40.6 us with it against 42.9 without (tp 2: 55.7 against 55.9); at M = 2 it
-cost 9.1 us (67.1 against 58.0) and at M = 16 4.5 us, on the MMA loop. On the
-CUDA-core loop (session 9, tp 4, M = 2) it paid: 54.9 us against 56.8.
+cost 9.1 us (67.1 against 58.0) and at M = 16 4.5 us.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from dsv41.common.switches import env_flag
 
-PDL_MAX_TOKENS = 2  # as far as the CUDA-core GEMV loop goes (mx_gemm.GEMV_MAX_M)
+PDL_MAX_TOKENS = 1
 
 
 def pdl_enabled(tokens: int) -> bool:
