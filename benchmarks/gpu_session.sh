@@ -3,12 +3,12 @@
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
-# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests trace ncu all (default all).
+# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
-# calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests: session 9's calls 2 to 4.
+# calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -327,6 +327,13 @@ if [ "$what" = s9c ]; then
     DSV41_GEMV_MAX_M=1 DSV41_PDL=0 b --backend nvidia --tp 4 --tokens 2 | sed "s/^/session 8: /"
   done
   DSV41_GEMV_MAX_M=4 DSV41_PDL=1 b --backend nvidia --tp 4 --tokens 4 | sed "s/^/GEMV, PDL to 4: /"
+  b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
+    | sed "s/^/tp 4: /"
+  b --backend nvidia,mono --tp 2 --tokens 1,2,4,16,48 --json "$OUT/bench_tp2.json" \
+    | sed "s/^/tp 2: /"
+fi
+if [ "$what" = s9d ]; then
+  # Session 9, call 5 (about 3 minutes): the tables of the session's final tree.
   b --backend nvidia,mono --tp 4 --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp4.json" \
     | sed "s/^/tp 4: /"
   b --backend nvidia,mono --tp 2 --tokens 1,2,4,16,48 --json "$OUT/bench_tp2.json" \
