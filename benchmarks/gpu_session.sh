@@ -289,6 +289,7 @@ if [ "$what" = s9 ]; then
   # Prepared for session 9 (about 3 minutes): mono's combine with 4 chunks' partials a load
   # (DSV41_MONO_COMBINE_AHEAD=4) with 32- and 64-key attention tasks at M = 1, both shares,
   # the trace of 32 keys with it, and at M = 16 and 48 the combine alone and with 32 keys.
+  # (Session 9's call 1; the switch was removed after it.)
   for run in "64 1" "32 1" "64 4" "32 4" "64 1" "32 4"; do
     set -- $run
     DSV41_MONO_KEY_CHUNK=$1 DSV41_MONO_COMBINE_AHEAD=$2 b --backend mono --tp 4 --tokens 1 \
