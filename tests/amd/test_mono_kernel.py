@@ -70,6 +70,18 @@ def test_mma_split_matches_executor_and_reference(
     assert runner.plan.tiling["MMA_SPLIT"] == 4
 
 
+@pytest.mark.parametrize("tp, layer_id, tokens", [(4, 1, 1), (2, 2, 7)])
+def test_key_slices_match_executor_and_reference(
+    tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference, monkeypatch
+) -> None:
+    """Attention tasks in two slices of 16 keys (DSV41_MONO_KEY_SLICE): the online softmax
+    across slices, which the tiny geometry's one 32-key slice a chunk never runs."""
+    monkeypatch.setenv("DSV41_MONO_KEY_SLICE", "16")
+    runner = _against_executor_and_reference(tp, layer_id, tokens, 256, tiny_layer, run_mono,
+                                             run_reference)  # fmt: skip
+    assert (runner.plan.key_chunk, runner.plan.key_slice) == (32, 16)
+
+
 def _against_executor_and_reference(
     tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference
 ) -> MonoRunner:

@@ -18,6 +18,7 @@ from dsv41.amd.mono.plan import (
     COMBINE_PARTS,
     CTL_EPOCH,
     FRONT,
+    KEY_SLICE,
     MAX_TOKENS,
     REGION_ALIGN,
     SCRATCH_ALIGN,
@@ -277,6 +278,21 @@ def test_mma_split_is_checked(monkeypatch) -> None:
     monkeypatch.setenv("DSV41_MONO_MMA_SPLIT", "3")
     with pytest.raises(ValueError, match="DSV41_MONO_MMA_SPLIT: expected 1, 2, 4 or 8, got '3'"):
         mma_split(16)
+
+
+def test_key_slice_switch_is_checked(monkeypatch) -> None:
+    dims = Dims.of("dsv41-flash", 4)
+    monkeypatch.delenv("DSV41_MONO_KEY_CHUNK", raising=False)
+    monkeypatch.delenv("DSV41_MONO_KEY_SLICE", raising=False)
+    assert Plan(dims, 1).key_slice == KEY_SLICE
+    monkeypatch.setenv("DSV41_MONO_KEY_SLICE", "16")
+    assert Plan(dims, 1).key_slice == 16
+    monkeypatch.setenv("DSV41_MONO_KEY_SLICE", "128")  # at most the chunk
+    assert Plan(dims, 1).key_slice == Plan(dims, 1).key_chunk == 64
+    for bad in ("8", "24", "x"):
+        monkeypatch.setenv("DSV41_MONO_KEY_SLICE", bad)
+        with pytest.raises(ValueError, match="DSV41_MONO_KEY_SLICE: expected a power of two >= 16"):
+            _ = Plan(dims, 1).key_slice
 
 
 def test_woa_parts_are_checked(monkeypatch) -> None:

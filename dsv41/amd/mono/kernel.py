@@ -42,7 +42,6 @@ from dsv41.amd.mono.plan import (
     CTL_ERROR,
     CTL_FINISHED,
     CTL_TICKET,
-    KEY_SLICE,
     WQKV_TASK_ROWS,
 )
 from dsv41.common.fused_layout import Q_CHUNK
@@ -72,7 +71,6 @@ WQKV_ROWS: tl.constexpr = tl.constexpr(WQKV_TASK_ROWS)
 WQB_ROWS: tl.constexpr = tl.constexpr(WQB_TASK_ROWS)
 WOA_ROWS: tl.constexpr = tl.constexpr(WOA_TASK_ROWS)
 WOB_ROWS: tl.constexpr = tl.constexpr(WOB_TASK_ROWS)
-KEY_SLICE_: tl.constexpr = tl.constexpr(KEY_SLICE)
 COMBINE_PARTS_: tl.constexpr = tl.constexpr(COMBINE_PARTS)
 CTL_TICKET_: tl.constexpr = tl.constexpr(CTL_TICKET)
 CTL_FINISHED_: tl.constexpr = tl.constexpr(CTL_FINISHED)
@@ -538,19 +536,19 @@ def _attn(
     s, tile, chunk, q_ptr, key_ptr, win_ptr, comp_ptr, win_slots, comp_slots, part_ptr, pstat_ptr,
     box_ptr, tag, spin_limit, ctl_ptr, ticket, scale,
     HEADS: tl.constexpr, HEADS_P: tl.constexpr, KEYS: tl.constexpr, KC: tl.constexpr,
-    CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
+    KS: tl.constexpr, CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     EXACT: tl.constexpr,
 ):
     """Keys ``chunk * KC ..`` of token s, 16 heads: ``part = sum p k / sum p``,
     ``pstat = (max, sum p)``.
 
-    The chunk runs in slices of KEY_SLICE keys with an online softmax (fewer registers than
-    the whole chunk); the first slice's records are loaded before the wait on q. (Loading
+    The chunk runs in slices of KS keys (``Plan.key_slice``) with an online softmax (fewer
+    registers than the whole chunk); the first slice's records are loaded before the wait on q. (Loading
     each next slice ahead of the current one's products spilled 450 B on SM90.)
     """
     k0 = chunk * KC
     keys, valid = _keys(key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,
-                        KEY_SLICE_, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
+                        KS, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
     h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
     hm = h < HEADS
     d = tl.arange(0, HEAD_DIM)
@@ -561,8 +559,8 @@ def _attn(
     top = tl.full((HEAD_TILE_,), float("-inf"), tl.float32)
     total = tl.zeros((HEAD_TILE_,), tl.float32)
     o = tl.zeros((HEAD_TILE_, HEAD_DIM), tl.float32)
-    for k in range(k0, k0 + KC, KEY_SLICE_):
-        scores = _mma(q, tl.trans(keys), tl.zeros((HEAD_TILE_, KEY_SLICE_), tl.float32), EXACT)
+    for k in range(k0, k0 + KC, KS):
+        scores = _mma(q, tl.trans(keys), tl.zeros((HEAD_TILE_, KS), tl.float32), EXACT)
         scores = tl.where(valid[None, :], scores * scale, float("-inf"))
         new_top = tl.maximum(top, tl.max(scores, axis=1))
         safe = tl.where(new_top == float("-inf"), 0.0, new_top)
@@ -571,9 +569,9 @@ def _attn(
         o = _mma_fp32_lhs(prob, keys, o * alpha[:, None], EXACT)
         total = total * alpha + tl.sum(prob, axis=1)
         top = new_top
-        if k + KEY_SLICE_ < k0 + KC:
-            keys, valid = _keys(key_ptr, s, k + KEY_SLICE_, win_ptr, comp_ptr, win_slots,
-                                comp_slots, KEYS, KEY_SLICE_, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
+        if k + KS < k0 + KC:
+            keys, valid = _keys(key_ptr, s, k + KS, win_ptr, comp_ptr, win_slots, comp_slots,
+                                KEYS, KS, WIN_BLOCK, COMP_BLOCK, HAS_COMP)
     o = o / tl.where(total > 0, total, 1.0)[:, None]
     row = (s * CHUNKS + chunk) * HEADS_P + h
     tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=hm[:, None])
@@ -851,8 +849,8 @@ def mono_kernel(
     HIDDEN: tl.constexpr, Q_RANK: tl.constexpr, Q_RANK_P: tl.constexpr, QKV_ROWS: tl.constexpr,
     NOPE: tl.constexpr, HEADS: tl.constexpr, HEAD_TILES: tl.constexpr, O_RANK: tl.constexpr,
     GROUP_K: tl.constexpr, O_ROWS: tl.constexpr, WOA_PARTS: tl.constexpr, KEYS: tl.constexpr,
-    KC: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr, WIN_BLOCK: tl.constexpr,
-    COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
+    KC: tl.constexpr, KS: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr,
+    WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
     # tiling
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
@@ -925,8 +923,8 @@ def mono_kernel(
             if ok:
                 ok = _attn(s, tile, i % CHUNKS, q_ptr, key_ptr, win_ptr, comp_ptr, win_slots,
                            comp_slots, part_ptr, pstat_ptr, qrdy_ptr + 2 * (1 + tile), tag,
-                           spin_limit, ctl_ptr, t, scale, HEADS, HEADS_P, KEYS, KC, CHUNKS,
-                           WIN_BLOCK, COMP_BLOCK, HAS_COMP, EXACT)
+                           spin_limit, ctl_ptr, t, scale, HEADS, HEADS_P, KEYS, KC, KS,
+                           CHUNKS, WIN_BLOCK, COMP_BLOCK, HAS_COMP, EXACT)
             _arrive(srdy_ptr + 2 * (s * HEAD_TILES + tile), CHUNKS, tag, ok)
         elif t < end_combine:
             i = t - end_attn

@@ -163,7 +163,7 @@ class MonoRunner:
             QKV_ROWS=m.qkv_rows, NOPE=m.nope_dim, HEADS=p.dims.heads, HEAD_TILES=p.head_tiles,
             O_RANK=m.o_rank, GROUP_K=p.dims.group_k, O_ROWS=p.dims.o_rows,
             WOA_PARTS=p.woa_parts, KEYS=m.keys,
-            KC=p.key_chunk, CHUNKS=p.chunks, CHUNKS_P=1 << (p.chunks - 1).bit_length(),
+            KC=p.key_chunk, KS=p.key_slice, CHUNKS=p.chunks, CHUNKS_P=1 << (p.chunks - 1).bit_length(),
             WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,

@@ -117,7 +117,7 @@ MMA_SPLIT = 8
 # tried variant) took 66.1 / 97.6 against 62.9 / 90.1 (spills; attention slowed).
 PAIRS = True
 KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
-KEY_SLICE = 32  # keys an attention task holds in registers at once
+KEY_SLICE = 32  # keys an attention task holds in registers at once (DSV41_MONO_KEY_SLICE)
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
 # (16 tasks of one MX block, each loading every chunk's partial at once, measured slower on
 # the H200, session 6: 77.5 / 267.9 us at tp 4, M = 1 / 48, against 74.9 / 248.9.)
@@ -175,6 +175,14 @@ def mma_split(tokens: int) -> int | None:
     picks (``Plan.tiling``)."""
     split = env_int("DSV41_MONO_MMA_SPLIT", None, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
     return 1 if gemv_on_cores(tokens) else split
+
+
+def key_slice(key_chunk: int) -> int:
+    """Keys an attention task holds in registers at once (kernel ``KS``): ``KEY_SLICE``, or
+    ``DSV41_MONO_KEY_SLICE`` (a power of two >= 16) when set; at most ``key_chunk``."""
+    keys = env_int("DSV41_MONO_KEY_SLICE", KEY_SLICE, lambda v: v >= 16 and v & (v - 1) == 0,
+                   "a power of two >= 16")  # fmt: skip
+    return min(keys, key_chunk)
 
 
 def k_block(k: int, tokens: int) -> int:
@@ -326,6 +334,11 @@ class Plan:
             "GEMV_PAIRS": gemv_pairs(self.tokens),
             "MMA_SPLIT": split,
         }
+
+    @functools.cached_property
+    def key_slice(self) -> int:
+        """Keys an attention task holds in registers at once (``key_slice``; read once)."""
+        return key_slice(self.key_chunk)
 
     @property
     def xq_blocks(self) -> int:
