@@ -3,12 +3,13 @@
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
-# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d trace ncu all (default all).
+# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
-# calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5.
+# calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
+# s10: session 10's first call.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -352,4 +353,21 @@ if [ "$what" = s9-tests ]; then
   DSV41_MONO_GEMV_BLOCK=256 b --backend mono --tp 4 --tokens 4 | sed "s/^/blocks 256: /"
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py --timeout 400 2>&1 | tail -3
+fi
+if [ "$what" = s10 ]; then
+  # Session 10, call 1 (about 4 minutes): mono's attention tasks in one 64-key slice against
+  # two of 32, at tp 4 / tp 2, and the traces of both; nvidia with one layer's weights
+  # (L2-resident between replays) against the default (HBM): how much of its step is latency.
+  ab DSV41_MONO_KEY_SLICE "32 64 32 64" --backend mono --tp 4 --tokens 1
+  ab DSV41_MONO_KEY_SLICE "32 64" --backend mono --tp 4 --tokens 16,48
+  ab DSV41_MONO_KEY_SLICE "32 64" --backend mono --tp 2 --tokens 1
+  for slice in 32 64; do
+    echo "trace, $slice-key slices:"
+    DSV41_MONO_KEY_SLICE=$slice timeout 120 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 \
+      2>&1 | tail -11
+  done
+  for layers in 1 0; do
+    if [ "$layers" = 0 ]; then set --; else set -- --layers "$layers"; fi
+    b --backend nvidia --tp 4 --tokens 1,16 "$@" | sed "s/^/layers ${layers/#0/default}: /"
+  done
 fi
