@@ -5,7 +5,10 @@ over several layers, averaged per layer, for each M. ``--sweep``: each GEMM
 site of the rank at M tokens under a set of tile configs, timed from a CUDA
 graph that cycles through enough weight copies to miss L2; prints TB/s.
 ``--attn-sweep``: the attention launches (mega attention + combine) of M
-tokens at each key-table split count, the default marked.
+tokens at each key-table split count, the default marked. ``--chain``: the
+graph-replayed step (layers back to back, weights from HBM, as ``dsv41 bench``)
+cut after each of its launches: what each launch adds to the step in the graph,
+overlaps (PDL, the side stream) included.
 
     python benchmarks/profile_step.py --tp 4 --tokens 1,48 --breakdown --sweep --attn-sweep
 """
@@ -91,6 +94,54 @@ def breakdown(dims: Dims, tokens: list[int], layers: int = 4) -> None:
             total += per_step
             print(f"  {per_step:8.2f}  x{len(ts) // (reps * layers):<3} {name}")
         print(f"  {total:8.2f}  total")
+
+
+class _Cut:
+    """Stands in for a kernel object of the step's modules: launches the real kernel while
+    ``budget[0]`` (launches left in this step) lasts, and nothing after."""
+
+    def __init__(self, kernel, budget: list[int]):
+        self.kernel, self.budget = kernel, budget
+
+    def __getitem__(self, grid):
+        if self.budget[0] <= 0:
+            return lambda *args, **kwargs: None
+        self.budget[0] -= 1
+        return self.kernel[grid]
+
+
+def chain(dims: Dims, tokens: list[int], layers: int = 4) -> None:
+    from dsv41.bench import step_function, time_graph
+    from dsv41.nvidia.ops import mega_attention, mx_gemm, norm_rope_insert
+
+    sites = [(mx_gemm, "mx_gemm_kernel"), (norm_rope_insert, "norm_rope_insert_kernel"),
+             (mega_attention, "mega_attention_kernel"),
+             (mega_attention, "mega_attention_combine_kernel")]  # fmt: skip
+    budget = [0]
+    real = {name: getattr(mod, name) for mod, name in sites}
+    for mod, name in sites:
+        setattr(mod, name, _Cut(real[name], budget))
+    lws = [LayerWeights(dims, 0, 1, device="cuda") for _ in range(layers)]
+    for i, lw in enumerate(lws):
+        lw.dummy_load(i)
+    step = step_function("nvidia")
+    names = ["wqkv", "norm", "wq_b", "attention", "combine", "wo_a", "wo_b"]
+    try:
+        for m in tokens:
+            scs = [make_scenario(dims, 1, m, seed=i, device="cuda") for i in range(layers)]
+            print(f"\nM = {m}: the graph-replayed step cut after each launch, us a layer step")
+            before = 0.0
+            for n in range(1, len(names) + 1):
+                def cut_step(layer, sc, n=n):
+                    budget[0] = n
+                    return step(layer, sc)
+
+                us = time_graph(cut_step, lws, scs, 50) * 1e6 / layers
+                print(f"  through {names[n - 1]:9s} {us:7.2f}  (+{us - before:5.2f})")
+                before = us
+    finally:
+        for mod, name in sites:
+            setattr(mod, name, real[name])
 
 
 def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
@@ -182,6 +233,7 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sites", default=None, help="comma-separated GEMM sites to sweep (default all)")
     p.add_argument("--attn-sweep", action="store_true")
+    p.add_argument("--chain", action="store_true")
     args = p.parse_args()
     dims = Dims.of(args.config, args.tp)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -191,6 +243,8 @@ def main() -> None:
         sweep(dims, tokens, args.sites.split(",") if args.sites else None)
     if args.attn_sweep:
         attention_sweep(dims, tokens)
+    if args.chain:
+        chain(dims, tokens)
 
 
 if __name__ == "__main__":
