@@ -3,13 +3,13 @@
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
-# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b trace ncu all (default all).
+# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
-# s10, s10b: session 10's calls 1 and 2.
+# s10, s10b, s10c: session 10's calls 1 to 3.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -378,4 +378,12 @@ if [ "$what" = s10b ]; then
   timeout 200 python3 benchmarks/profile_step.py --tp 4 --tokens 1,16 --chain --attn-sweep \
     2>&1 | tail -30
   timeout 150 python3 benchmarks/profile_step.py --tp 2 --tokens 1 --chain 2>&1 | tail -9
+fi
+if [ "$what" = s10c ]; then
+  # Session 10, call 3 (about 4 minutes): nvidia's attention launches by key-table split count
+  # at every M, both shares.
+  timeout 250 python3 benchmarks/profile_step.py --tp 4 --tokens 2,4,8,16,32,48 --attn-sweep \
+    2>&1 | grep -E "attention|splits"
+  timeout 250 python3 benchmarks/profile_step.py --tp 2 --tokens 1,2,4,8,16,48 --attn-sweep \
+    2>&1 | grep -E "attention|splits"
 fi

@@ -50,7 +50,7 @@ def attention_sweep(dims: Dims, tokens: list[int]) -> None:
         default, _ = attention_splits(bucket_for(m), dims.heads, keys, sm_count(q.device))
         blocks = -(-keys // KEY_BLOCK)
         print(f"\nattention, M = {m}, {keys} keys: us per step (mega attention + combine)")
-        for splits in sorted({1, 2, 4, 8, 16, blocks, default}):
+        for splits in sorted({2, 4, 5, 8, 10, 16, 20, blocks, default}):
             if splits > blocks:
                 continue
             us = graph_us(lambda s=splits, q=q, sc=sc: mega_attention(
