@@ -3,13 +3,14 @@
 # logs under $OUT, a short table last. Installs nothing (the image has torch,
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
-# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c trace ncu all (default all).
+# s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d trace ncu
+# all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
-# s10, s10b, s10c: session 10's calls 1 to 3.
+# s10, s10b, s10c, s10d: session 10's calls 1 to 4.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -386,4 +387,18 @@ if [ "$what" = s10c ]; then
     2>&1 | grep -E "attention|splits"
   timeout 250 python3 benchmarks/profile_step.py --tp 2 --tokens 1,2,4,8,16,48 --attn-sweep \
     2>&1 | grep -E "attention|splits"
+fi
+if [ "$what" = s10d ]; then
+  # Session 10, call 4 (about 6 minutes): nvidia's attention splits at 1 program a SM up to 16
+  # tiles and 2 above (the new default) against 4 (before), 3 at M = 32 / 48; PDL at M > 1 with
+  # the MMA GEMMs releasing the next kernel after their K loop (DSV41_PDL_LATE) or at the start.
+  for tp in 4 2; do
+    b --backend nvidia --tp $tp --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp, defaults: /"
+    DSV41_ATTN_PROGRAMS_PER_SM=4 b --backend nvidia --tp $tp --tokens 4,8,16,32,48 \
+      | sed "s/^/tp $tp, 4 a SM: /"
+    DSV41_ATTN_PROGRAMS_PER_SM=3 b --backend nvidia --tp $tp --tokens 32,48 \
+      | sed "s/^/tp $tp, 3 a SM: /"
+  done
+  DSV41_PDL=1 ab DSV41_PDL_LATE "0 1" --backend nvidia --tp 4 --tokens 2,8,16
+  DSV41_PDL=1 ab DSV41_PDL_LATE "0 1" --backend nvidia --tp 2 --tokens 2,16
 fi

@@ -20,7 +20,15 @@ from dsv41.common.reference import attention_core, mx_linear, reference_step
 from dsv41.common.rope import apply_inverse_rope, rope_tables
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.mega_attention import KEY_BLOCK, _rows_aligned, mega_attention
+from dsv41.nvidia.ops.mega_attention import (
+    FEW_TILES,
+    FEW_TILES_PROGRAMS,
+    KEY_BLOCK,
+    MANY_TILES_PROGRAMS,
+    _rows_aligned,
+    attention_splits,
+    mega_attention,
+)
 
 FORMATS = ("fp8_ds_mla", "fp8_mx")
 WINDOW_LAYER, COMPRESSED_LAYER = 0, 1  # tiny: compress ratios [0, 1, 2]
@@ -246,3 +254,31 @@ def test_rows_aligned_needs_aligned_bases_and_even_ds_mla_pages() -> None:
     shifted = PagedKVCache(2, 16, "fp8_ds_mla")
     shifted.data = torch.zeros(2 * 16 * 584 + 8, dtype=torch.uint8)[8:].view(2, 16 * 584)
     assert not _rows_aligned(shifted)
+
+
+@pytest.mark.parametrize("heads", [16, 32])
+def test_splits_fill_the_gpu_in_whole_key_blocks(heads, monkeypatch) -> None:
+    """The flash geometry's 640 keys on 132 SMs: each token bucket's splits cover the keys in
+    whole blocks, at most the programs a SM wanted (or one split a block), with the fewest keys
+    a split that allows: one block less a split would need more splits than wanted. The
+    switch overrides the programs a SM and is checked."""
+    monkeypatch.delenv("DSV41_ATTN_PROGRAMS_PER_SM", raising=False)
+    keys, sms, blocks = 640, 132, 640 // KEY_BLOCK
+
+    def check(tokens: int, per_sm: int) -> int:
+        tiles = tokens * heads // 16
+        wanted = min(blocks, -(-per_sm * sms // tiles))
+        splits, per_split = attention_splits(tokens, heads, keys, sms)
+        assert per_split % KEY_BLOCK == 0 and (splits - 1) * per_split < keys <= splits * per_split
+        assert splits <= wanted, (tokens, splits, wanted)
+        assert per_split == KEY_BLOCK or -(-keys // (per_split - KEY_BLOCK)) > wanted, tokens
+        return splits
+
+    got = [check(t, FEW_TILES_PROGRAMS if t * heads // 16 <= FEW_TILES else MANY_TILES_PROGRAMS)
+           for t in (1, 2, 4, 8, 16, 32, 48)]  # fmt: skip
+    assert got[0] == blocks and got == sorted(got, reverse=True), got
+    monkeypatch.setenv("DSV41_ATTN_PROGRAMS_PER_SM", "4")
+    assert check(16, 4) > got[4]
+    monkeypatch.setenv("DSV41_ATTN_PROGRAMS_PER_SM", "0")
+    with pytest.raises(ValueError, match="DSV41_ATTN_PROGRAMS_PER_SM: expected 1 .. 16, got '0'"):
+        attention_splits(1, heads, keys, sms)

@@ -50,7 +50,7 @@ from dsv41.common.kv_records_tl import (
 )
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
-from dsv41.common.switches import env_flag
+from dsv41.common.switches import env_flag, env_int
 from dsv41.nvidia.ops.mx_gemm import interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
@@ -61,8 +61,16 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
 # (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16-head programs; session 7: 37.6
 # against 38.9 with 2 heads and 39.1 with 1)
-PROGRAMS_PER_SM = 4  # split the keys until the launch has this many programs a SM: each
-# program walks its keys one dependent gather at a time, so more of them hide the latency
+# Split the keys until the launch has PROGRAMS_PER_SM programs a SM: FEW_TILES_PROGRAMS for up
+# to FEW_TILES (token, head tile) pairs, MANY_TILES_PROGRAMS above (DSV41_ATTN_PROGRAMS_PER_SM
+# overrides both). H200 (132 SMs), attention + combine alone by split count
+# (profile_step.py --attn-sweep, session 10), us: tp 4, M = 8 / 16 / 32: 21.8 / 28.4 / 38.3
+# with 14 / 8 / 8 splits (these rules) against 25.4 / 34.5 / 48.7 with the 4 programs a SM of
+# before (40 / 20 / 14 splits); tp 2, M = 2 / 4 / 8 / 16: 16.6 / 20.0 / 26.9 / 36.4 against
+# 19.0 / 23.7 / 31.6 / 46.2. At one or two tiles the key blocks (40) cap the splits either way.
+FEW_TILES = 16
+FEW_TILES_PROGRAMS = 1
+MANY_TILES_PROGRAMS = 2
 LOG2_E = math.log2(math.e)
 
 _HEAD_DIM = tl.constexpr(HEAD_DIM)
@@ -270,12 +278,22 @@ def early_keys() -> bool:
     return env_flag("DSV41_ATTN_EARLY", True)
 
 
+def programs_per_sm(tiles: int) -> int:
+    """Attention programs a SM the key splits aim at for ``tiles`` (token, head tile) pairs:
+    ``DSV41_ATTN_PROGRAMS_PER_SM`` when set, else ``FEW_TILES_PROGRAMS`` up to ``FEW_TILES``
+    tiles and ``MANY_TILES_PROGRAMS`` above."""
+    forced = env_int("DSV41_ATTN_PROGRAMS_PER_SM", None, lambda v: 1 <= v <= 16, "1 .. 16")
+    if forced is not None:
+        return forced
+    return FEW_TILES_PROGRAMS if tiles <= FEW_TILES else MANY_TILES_PROGRAMS
+
+
 def attention_splits(tokens: int, heads: int, keys: int, sms: int) -> tuple[int, int]:
     """``(splits, keys_per_split)``: split the keys (in ``KEY_BLOCK`` steps) until the attention
-    launch has ``PROGRAMS_PER_SM`` programs a SM (1 split once the tokens alone fill the GPU)."""
+    launch has ``programs_per_sm`` programs a SM (1 split once the tokens alone fill the GPU)."""
     tiles = tokens * -(-heads // HEAD_TILE)
     blocks = max(1, -(-keys // KEY_BLOCK))
-    wanted = min(blocks, max(1, -(-PROGRAMS_PER_SM * sms // tiles)))
+    wanted = min(blocks, max(1, -(-programs_per_sm(tiles) * sms // tiles)))
     return _even_splits(keys, wanted)
 
 

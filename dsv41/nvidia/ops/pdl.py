@@ -36,14 +36,30 @@ def pdl_enabled(tokens: int) -> bool:
     return tokens <= PDL_MAX_TOKENS if forced is None else forced
 
 
+def pdl_late() -> bool:
+    """Whether a PDL launch of the MMA GEMM loop lets the next kernel launch only after its K
+    loop (``DSV41_PDL_LATE`` = 1), not at its start: the next kernel's programs then take no
+    SM slots from this launch's later waves while they wait. Off by default."""
+    return env_flag("DSV41_PDL_LATE", False)
+
+
 def pdl_launch_options(on: bool) -> dict:
     """Extra launch keywords: ``launch_pdl=True`` when ``on``, nothing otherwise."""
     return {"launch_pdl": True} if on else {}
 
 
 @triton.jit
-def pdl_prologue_tl(USE_PDL: tl.constexpr):
-    """Let the next kernel launch, then wait for the previous one's writes."""
+def pdl_prologue_tl(USE_PDL: tl.constexpr, LATE: tl.constexpr = False):
+    """Let the next kernel launch (unless ``LATE``: the kernel calls ``pdl_release_tl`` later),
+    then wait for the previous one's writes."""
     if USE_PDL:
-        gdc_launch_dependents()
+        if not LATE:
+            gdc_launch_dependents()
         gdc_wait()
+
+
+@triton.jit
+def pdl_release_tl(USE_PDL: tl.constexpr, LATE: tl.constexpr):
+    """With ``LATE``: let the next kernel launch now (``pdl_prologue_tl`` did not)."""
+    if USE_PDL and LATE:
+        gdc_launch_dependents()
