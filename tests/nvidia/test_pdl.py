@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsv41.nvidia.ops.pdl import PDL_MAX_TOKENS, pdl_enabled, pdl_late, pdl_launch_options
+from dsv41.nvidia.ops.pdl import PDL_MAX_TOKENS, pdl_enabled, pdl_launch_options
 
 
 def test_pdl_by_tokens_and_switch(monkeypatch) -> None:
@@ -22,13 +22,3 @@ def test_pdl_by_tokens_and_switch(monkeypatch) -> None:
         monkeypatch.setenv("DSV41_PDL", bad)
         with pytest.raises(ValueError, match=f"DSV41_PDL: expected 0 or 1, got '{bad}'"):
             pdl_enabled(1)
-
-
-def test_late_release_switch(monkeypatch) -> None:
-    monkeypatch.delenv("DSV41_PDL_LATE", raising=False)
-    assert not pdl_late()
-    monkeypatch.setenv("DSV41_PDL_LATE", "1")
-    assert pdl_late()
-    monkeypatch.setenv("DSV41_PDL_LATE", "x")
-    with pytest.raises(ValueError, match="DSV41_PDL_LATE: expected 0 or 1, got 'x'"):
-        pdl_late()

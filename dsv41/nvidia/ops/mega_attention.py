@@ -61,16 +61,13 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
 # (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16-head programs; session 7: 37.6
 # against 38.9 with 2 heads and 39.1 with 1)
-# Split the keys until the launch has PROGRAMS_PER_SM programs a SM: FEW_TILES_PROGRAMS for up
-# to FEW_TILES (token, head tile) pairs, MANY_TILES_PROGRAMS above (DSV41_ATTN_PROGRAMS_PER_SM
-# overrides both). H200 (132 SMs), attention + combine alone by split count
-# (profile_step.py --attn-sweep, session 10), us: tp 4, M = 8 / 16 / 32: 21.8 / 28.4 / 38.3
-# with 14 / 8 / 8 splits (these rules) against 25.4 / 34.5 / 48.7 with the 4 programs a SM of
-# before (40 / 20 / 14 splits); tp 2, M = 2 / 4 / 8 / 16: 16.6 / 20.0 / 26.9 / 36.4 against
-# 19.0 / 23.7 / 31.6 / 46.2. At one or two tiles the key blocks (40) cap the splits either way.
-FEW_TILES = 16
-FEW_TILES_PROGRAMS = 1
-MANY_TILES_PROGRAMS = 2
+# Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
+# each tier of (token, head tile) pairs (DSV41_ATTN_PROGRAMS_PER_SM overrides every tier). H200
+# (132 SMs), graph-replayed steps (session 10), us, these tiers against 4 a SM everywhere (the
+# rule before): tp 4, M = 8 / 16 / 32: 64.4 / 73.2 / 94.2 against 66.7 / 78.3 / 105.3; tp 2, M =
+# 4 / 8 / 16: 72.8 / 80.2 / 90.0 against 74.9 / 84.7 / 100.6. Past 32 tiles fewer, longer splits
+# lost: 2 a SM took 150.8 us at tp 4, M = 48 (4: 134.7), 159.0 at tp 2, M = 32 (4: 140.6).
+PROGRAM_TIERS = ((16, 1), (32, 2), (None, 4))
 LOG2_E = math.log2(math.e)
 
 _HEAD_DIM = tl.constexpr(HEAD_DIM)
@@ -280,12 +277,12 @@ def early_keys() -> bool:
 
 def programs_per_sm(tiles: int) -> int:
     """Attention programs a SM the key splits aim at for ``tiles`` (token, head tile) pairs:
-    ``DSV41_ATTN_PROGRAMS_PER_SM`` when set, else ``FEW_TILES_PROGRAMS`` up to ``FEW_TILES``
-    tiles and ``MANY_TILES_PROGRAMS`` above."""
+    ``DSV41_ATTN_PROGRAMS_PER_SM`` when set, else the first of ``PROGRAM_TIERS`` that holds
+    that many tiles."""
     forced = env_int("DSV41_ATTN_PROGRAMS_PER_SM", None, lambda v: 1 <= v <= 16, "1 .. 16")
     if forced is not None:
         return forced
-    return FEW_TILES_PROGRAMS if tiles <= FEW_TILES else MANY_TILES_PROGRAMS
+    return next(per_sm for most, per_sm in PROGRAM_TIERS if most is None or tiles <= most)
 
 
 def attention_splits(tokens: int, heads: int, keys: int, sms: int) -> tuple[int, int]:

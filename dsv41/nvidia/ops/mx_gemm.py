@@ -53,13 +53,7 @@ from dsv41.common.mx import (
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
-from dsv41.nvidia.ops.pdl import (
-    pdl_enabled,
-    pdl_late,
-    pdl_launch_options,
-    pdl_prologue_tl,
-    pdl_release_tl,
-)
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
@@ -237,7 +231,6 @@ def mx_gemm_kernel(
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     K_STEPS: tl.constexpr = 1,
-    PDL_LATE: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
@@ -256,7 +249,7 @@ def mx_gemm_kernel(
                          "the CUDA-core loop takes K_STEPS whole K steps a program")
         BLOCKS: tl.constexpr = BLOCK_K // _MX
         w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS)
-    pdl_prologue_tl(USE_PDL, PDL_LATE)
+    pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GEMV:
         # CUDA cores, no MMA: the weight tile [BLOCK_N, blocks, 32] is converted to fp32 once,
@@ -325,7 +318,6 @@ def mx_gemm_kernel(
                 acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
             else:
                 acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-        pdl_release_tl(USE_PDL, PDL_LATE)  # the next kernel's programs come in for the epilogue
 
     out_ok = row_ok[:, None] & n_ok[None, :]
     last = True
@@ -675,7 +667,6 @@ def mx_gemm(
         **geo,
         USE_PDL=pdl,
         K_STEPS=cfg.k_steps,
-        PDL_LATE=pdl and not cfg.gemv and pdl_late(),
         **pdl_launch_options(pdl),
     )
     return out

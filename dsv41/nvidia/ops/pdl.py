@@ -11,7 +11,10 @@ synchronises before its next step).
 On by default for steps of up to ``PDL_MAX_TOKENS`` tokens (``DSV41_PDL`` = 1 / 0
 forces it on / off at every M). H200, graph replay, session 6: tp 4, M = 1,
 40.6 us with it against 42.9 without (tp 2: 55.7 against 55.9); at M = 2 it
-cost 9.1 us (67.1 against 58.0) and at M = 16 4.5 us.
+cost 9.1 us (67.1 against 58.0) and at M = 16 4.5 us. Letting the next kernel launch only
+after the MMA GEMMs' K loop instead of at their start (session 10, PDL on at every M) gave, tp
+4, M = 2 / 8 / 16: 54.7 / 66.4 / 76.9 us (start: 65.2 / 73.5 / 85.7; PDL off: 56.3 / 64.4 /
+73.2), tp 2, M = 2 / 16: 71.7 / 90.8 (PDL off: 68.3 / 90.0); not kept.
 """
 
 from __future__ import annotations
@@ -36,30 +39,14 @@ def pdl_enabled(tokens: int) -> bool:
     return tokens <= PDL_MAX_TOKENS if forced is None else forced
 
 
-def pdl_late() -> bool:
-    """Whether a PDL launch of the MMA GEMM loop lets the next kernel launch only after its K
-    loop (``DSV41_PDL_LATE`` = 1), not at its start: the next kernel's programs then take no
-    SM slots from this launch's later waves while they wait. Off by default."""
-    return env_flag("DSV41_PDL_LATE", False)
-
-
 def pdl_launch_options(on: bool) -> dict:
     """Extra launch keywords: ``launch_pdl=True`` when ``on``, nothing otherwise."""
     return {"launch_pdl": True} if on else {}
 
 
 @triton.jit
-def pdl_prologue_tl(USE_PDL: tl.constexpr, LATE: tl.constexpr = False):
-    """Let the next kernel launch (unless ``LATE``: the kernel calls ``pdl_release_tl`` later),
-    then wait for the previous one's writes."""
+def pdl_prologue_tl(USE_PDL: tl.constexpr):
+    """Let the next kernel launch, then wait for the previous one's writes."""
     if USE_PDL:
-        if not LATE:
-            gdc_launch_dependents()
-        gdc_wait()
-
-
-@triton.jit
-def pdl_release_tl(USE_PDL: tl.constexpr, LATE: tl.constexpr):
-    """With ``LATE``: let the next kernel launch now (``pdl_prologue_tl`` did not)."""
-    if USE_PDL and LATE:
         gdc_launch_dependents()
+        gdc_wait()
