@@ -65,9 +65,11 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # each tier of (token, head tile) pairs (DSV41_ATTN_PROGRAMS_PER_SM overrides every tier). H200
 # (132 SMs), graph-replayed steps (session 10), us, these tiers against 4 a SM everywhere (the
 # rule before): tp 4, M = 8 / 16 / 32: 64.4 / 73.2 / 94.2 against 66.7 / 78.3 / 105.3; tp 2, M =
-# 4 / 8 / 16: 72.8 / 80.2 / 90.0 against 74.9 / 84.7 / 100.6. Past 32 tiles fewer, longer splits
-# lost: 2 a SM took 150.8 us at tp 4, M = 48 (4: 134.7), 159.0 at tp 2, M = 32 (4: 140.6).
-PROGRAM_TIERS = ((16, 1), (32, 2), (None, 4))
+# 4 / 8 / 16: 72.8 / 80.2 / 90.0 against 74.9 / 84.7 / 100.6; tp 2, M = 48 (96 tiles): 191.2 /
+# 192.1 with 3 a SM against 205.0 / 206.3. Fewer, longer splits lost at 48 and 64 tiles: 2 a SM
+# took 150.8 us at tp 4, M = 48 (4: 134.7; 3: 141.0 / 141.1), 159.0 at tp 2, M = 32 (4: 140.6;
+# 3: 148.0).
+PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
 LOG2_E = math.log2(math.e)
 
 _HEAD_DIM = tl.constexpr(HEAD_DIM)
