@@ -536,15 +536,16 @@ def _attn(
     s, tile, chunk, q_ptr, key_ptr, win_ptr, comp_ptr, win_slots, comp_slots, part_ptr, pstat_ptr,
     box_ptr, tag, spin_limit, ctl_ptr, ticket, scale,
     HEADS: tl.constexpr, HEADS_P: tl.constexpr, KEYS: tl.constexpr, KC: tl.constexpr,
-    KS: tl.constexpr, CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HAS_COMP: tl.constexpr,
-    EXACT: tl.constexpr,
+    KS: tl.constexpr, CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr,
+    HAS_COMP: tl.constexpr, EXACT: tl.constexpr,
 ):
     """Keys ``chunk * KC ..`` of token s, 16 heads: ``part = sum p k / sum p``,
     ``pstat = (max, sum p)``.
 
     The chunk runs in slices of KS keys (``Plan.key_slice``) with an online softmax (fewer
-    registers than the whole chunk); the first slice's records are loaded before the wait on q. (Loading
-    each next slice ahead of the current one's products spilled 450 B on SM90.)
+    registers than the whole chunk); the first slice's records are loaded before the wait on
+    q. (Loading each next slice ahead of the current one's products spilled 450 B on SM90; one
+    64-key slice spilled 248 B and made the step slower, session 10.)
     """
     k0 = chunk * KC
     keys, valid = _keys(key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,
