@@ -6,7 +6,7 @@ site of the rank at M tokens under a set of tile configs, timed from a CUDA
 graph that cycles through enough weight copies to miss L2; prints TB/s.
 ``--attn-sweep``: the attention launches (mega attention + combine) of M
 tokens at each key-table split count, the default marked. ``--chain``: the
-graph-replayed step (layers back to back, weights from HBM, as ``dsv41 bench``)
+graph-replayed step (``dsv41 bench``'s layers and steps, weights from HBM)
 cut after each of its launches: what each launch adds to the step in the graph,
 overlaps (PDL, the side stream) included.
 
@@ -110,8 +110,8 @@ class _Cut:
         return self.kernel[grid]
 
 
-def chain(dims: Dims, tokens: list[int], layers: int = 4) -> None:
-    from dsv41.bench import step_function, time_graph
+def chain(dims: Dims, tokens: list[int]) -> None:
+    from dsv41.bench import graph_layers, graph_scenarios, step_function, time_graph
     from dsv41.nvidia.ops import mega_attention, mx_gemm, norm_rope_insert
 
     sites = [(mx_gemm, "mx_gemm_kernel"), (norm_rope_insert, "norm_rope_insert_kernel"),
@@ -121,14 +121,12 @@ def chain(dims: Dims, tokens: list[int], layers: int = 4) -> None:
     real = {name: getattr(mod, name) for mod, name in sites}
     for mod, name in sites:
         setattr(mod, name, _Cut(real[name], budget))
-    lws = [LayerWeights(dims, 0, 1, device="cuda") for _ in range(layers)]
-    for i, lw in enumerate(lws):
-        lw.dummy_load(i)
+    lws = graph_layers(dims, 0)  # the bench's graph: enough layers to miss L2
     step = step_function("nvidia")
     names = ["wqkv", "norm", "wq_b", "attention", "combine", "wo_a", "wo_b"]
     try:
         for m in tokens:
-            scs = [make_scenario(dims, 1, m, seed=i, device="cuda") for i in range(layers)]
+            scs = graph_scenarios(dims, lws, m)
             print(f"\nM = {m}: the graph-replayed step cut after each launch, us a layer step")
             before = 0.0
             for n in range(1, len(names) + 1):
@@ -136,7 +134,7 @@ def chain(dims: Dims, tokens: list[int], layers: int = 4) -> None:
                     budget[0] = n
                     return step(layer, sc)
 
-                us = time_graph(cut_step, lws, scs, 50) * 1e6 / layers
+                us = time_graph(cut_step, lws, scs, 50) * 1e6 / len(lws)
                 print(f"  through {names[n - 1]:9s} {us:7.2f}  (+{us - before:5.2f})")
                 before = us
     finally:

@@ -193,25 +193,46 @@ def progress(done: int, total: int, label: str) -> None:
           file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    """Time every backend of ``args.backends`` at every M; the rows (also printed as a table)."""
-    from dsv41.common.geometry import Dims
-    from dsv41.common.kv_cache import record_format
-    from dsv41.common.scenario import make_scenario
+def graph_layers(dims, rank: int, n_layers: int | None = None) -> list:
+    """The layers one timing graph holds back to back: rank ``rank``'s dummy-loaded weights of
+    the model's compressed layers in turn (of every layer if none is compressed); ``n_layers``
+    of them, by default enough that their weights exceed ``L2_MARGIN`` x the L2."""
     from dsv41.common.weights import LayerWeights
 
-    dims = Dims.of(args.config, args.tp)
     model = dims.model
     compressed = [i for i, r in enumerate(model.compress_ratios) if r] or list(range(model.num_layers))
-    one = LayerWeights(dims, args.rank, compressed[0], device="cuda")
-    w_bytes = weight_bytes(one)
-    n_layers = args.layers or max(2, -(-int(L2_MARGIN * L2_BYTES) // w_bytes))
+    one = LayerWeights(dims, rank, compressed[0], device="cuda")
+    n_layers = n_layers or max(2, -(-int(L2_MARGIN * L2_BYTES) // weight_bytes(one)))
     layers = [one] + [
-        LayerWeights(dims, args.rank, compressed[i % len(compressed)], device="cuda")
+        LayerWeights(dims, rank, compressed[i % len(compressed)], device="cuda")
         for i in range(1, n_layers)
     ]
     for i, lw in enumerate(layers):
         lw.dummy_load(seed=i)
+    return layers
+
+
+def graph_scenarios(dims, layers: list, m: int) -> list:
+    """One step of ``m`` tokens for each of ``layers``, each with its own caches."""
+    from dsv41.common.scenario import make_scenario
+
+    model = dims.model
+    return [
+        make_scenario(dims, lw.layer_id, m, fmt=RECORD_FORMAT, seed=100 * i + m, device="cuda",
+                      compressed_rows=max(2 * model.topk, m * model.topk))
+        for i, lw in enumerate(layers)
+    ]
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Time every backend of ``args.backends`` at every M; the rows (also printed as a table)."""
+    from dsv41.common.geometry import Dims
+    from dsv41.common.kv_cache import record_format
+
+    dims = Dims.of(args.config, args.tp)
+    model = dims.model
+    layers = graph_layers(dims, args.rank, args.layers)
+    w_bytes, n_layers = weight_bytes(layers[0]), len(layers)
     bandwidth = copy_bandwidth()
     record_bytes = record_format(RECORD_FORMAT).record_bytes
     print(f"{model.name} tp {args.tp} rank {args.rank}: {n_layers} layers of {w_bytes / 1e6:.1f} MB "
@@ -221,11 +242,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     total, done = len(args.tokens) * len(args.backends), 0
     for m in args.tokens:
-        scenarios = [
-            make_scenario(dims, lw.layer_id, m, fmt=RECORD_FORMAT, seed=100 * i + m, device="cuda",
-                          compressed_rows=max(2 * model.topk, m * model.topk))
-            for i, lw in enumerate(layers)
-        ]
+        scenarios = graph_scenarios(dims, layers, m)
         floor = (w_bytes + m * model.keys * record_bytes) / bandwidth
         ref = time_eager(reference, layers[0], scenarios[0].clone_caches(), args.reference_repeats)
         for backend, step in steps.items():
