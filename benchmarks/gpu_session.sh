@@ -4,13 +4,13 @@
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
-# s10f s10g trace ncu all (default all).
+# s10f s10g s11 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
-# s10 .. s10g: session 10's calls 1 to 7.
+# s10 .. s10g: session 10's calls 1 to 7; s11: session 11's call 1.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -426,4 +426,17 @@ if [ "$what" = s10g ]; then
   # Session 10, call 7: the mono GPU tests on the session's final tree (the attention key slice
   # now a constexpr from the plan). On a fresh machine it needs more than 390 s (killed there).
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 400 2>&1 | tail -3
+fi
+if [ "$what" = s11 ]; then
+  # Session 11, call 1 (two H200s, nvidia-h200-x2): every GPU test on the session's starting tree,
+  # the mono tests split by share over the two GPUs (each share compiles its own kernels).
+  (CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+    -k tp2 --timeout 500 > "$OUT/mono_tp2.log" 2>&1
+   CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 400 \
+    > "$OUT/nvidia.log" 2>&1) &
+  CUDA_VISIBLE_DEVICES=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+    -k tp4 --timeout 500 > "$OUT/mono_tp4.log" 2>&1
+  wait
+  for f in mono_tp2 mono_tp4 nvidia; do echo "== $f"; tail -3 "$OUT/$f.log"; done
 fi
