@@ -428,14 +428,15 @@ if [ "$what" = s10g ]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 400 2>&1 | tail -3
 fi
 if [ "$what" = s11 ]; then
-  # Session 11, call 1 (two H200s, nvidia-h200-x2): every GPU test on the session's starting tree,
-  # the mono tests split by share over the two GPUs (each share compiles its own kernels).
+  # Session 11, call 1: every GPU test on the session's starting tree, the mono tests split by
+  # share into two processes (each compiles its own kernels), on the second GPU if there is one.
+  second=$(( $(nvidia-smi -L | wc -l) > 1 ? 1 : 0 ))
   (CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     -k tp2 --timeout 500 > "$OUT/mono_tp2.log" 2>&1
    CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 400 \
     > "$OUT/nvidia.log" 2>&1) &
-  CUDA_VISIBLE_DEVICES=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+  CUDA_VISIBLE_DEVICES=$second python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     -k tp4 --timeout 500 > "$OUT/mono_tp4.log" 2>&1
   wait
   for f in mono_tp2 mono_tp4 nvidia; do echo "== $f"; tail -3 "$OUT/$f.log"; done
