@@ -103,18 +103,21 @@ def record_offsets_tl(slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
-def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr):
+def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr,
+                    CACHE: tl.constexpr = ""):  # fmt: skip
     """fp32 keys ``[BK, 512]`` of the records whose data rows and codes start at the uint8
     pointers ``data_ptrs [BK]`` and ``code_ptrs [BK]``; rows where ``valid [BK]`` is false are 0.
 
     Row pointers let one tile mix records of two caches (``tl.where(is_compressed, ...)``).
+    ``CACHE`` is the loads' cache modifier (".cg": from L2, past a stale L1 line).
     """
     d = tl.arange(0, _KV_DIM)
     if FMT == FMT_DS_MLA:
         GROUP: tl.constexpr = _DS_MLA_GROUP
         is_nope = d < _NOPE_DIM
         fp8 = tl.load(
-            data_ptrs[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0
+            data_ptrs[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0,
+            cache_modifier=CACHE,
         )
         # The rope dims are bf16 at byte 448 + 2 (d - 448) of the (even) data row.
         rope_ptrs = (data_ptrs + _NOPE_DIM).to(tl.pointer_type(tl.bfloat16))
@@ -122,6 +125,7 @@ def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.const
             rope_ptrs[:, None] + (d[None, :] - _NOPE_DIM),
             mask=valid[:, None] & ~is_nope[None, :],
             other=0.0,
+            cache_modifier=CACHE,
         )
         fp8 = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         raw = tl.where(is_nope[None, :], fp8, rope.to(tl.float32))
@@ -130,13 +134,16 @@ def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.const
             code_ptrs[:, None] + g[None, :],
             mask=valid[:, None] & (g < _DS_MLA_CODES)[None, :],
             other=_UNIT_CODE,
+            cache_modifier=CACHE,
         )
     else:
         GROUP: tl.constexpr = _MX_GROUP
-        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0)
+        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0,
+                      cache_modifier=CACHE)  # fmt: skip
         raw = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         g = tl.arange(0, _KV_DIM // GROUP)
-        code = tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0)
+        code = tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0,
+                       cache_modifier=CACHE)  # fmt: skip
     scale = e8m0_scale_tl(code.to(tl.int32))
     keys = tl.reshape(raw, (BK, _KV_DIM // GROUP, GROUP)) * scale[:, :, None]
     return tl.reshape(keys, (BK, _KV_DIM))
