@@ -104,12 +104,13 @@ def record_offsets_tl(slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
 
 @triton.jit
 def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr,
-                    CACHE: tl.constexpr = ""):  # fmt: skip
+                    CACHE: tl.constexpr):  # fmt: skip
     """fp32 keys ``[BK, 512]`` of the records whose data rows and codes start at the uint8
     pointers ``data_ptrs [BK]`` and ``code_ptrs [BK]``; rows where ``valid [BK]`` is false are 0.
 
     Row pointers let one tile mix records of two caches (``tl.where(is_compressed, ...)``).
-    ``CACHE`` is the loads' cache modifier (".cg": from L2, past a stale L1 line).
+    ``CACHE`` is the loads' cache modifier ("": the default; ".cg": from L2, past a stale L1
+    line). It has no default: Triton 3.6 does not pass a helper's default string as a constexpr.
     """
     d = tl.arange(0, _KV_DIM)
     if FMT == FMT_DS_MLA:
@@ -155,7 +156,7 @@ def load_keys_tl(
 ):
     """fp32 keys ``[BK, 512]`` of the records at ``slots [BK]``; rows not ``valid [BK]`` are 0."""
     data, codes = record_offsets_tl(slots, BLOCK_TOKENS, FMT)
-    return load_records_tl(cache_ptr + data, cache_ptr + codes, valid, FMT, BK)
+    return load_records_tl(cache_ptr + data, cache_ptr + codes, valid, FMT, BK, "")
 
 
 @triton.jit

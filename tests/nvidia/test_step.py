@@ -165,3 +165,16 @@ def test_kv_tail_inserts_without_the_norm_kernel_and_its_switch(layer, monkeypat
     monkeypatch.setenv("DSV41_KV_IN_WQB", "no")
     with pytest.raises(ValueError, match="DSV41_KV_IN_WQB: expected 0 or 1, got 'no'"):
         run_both(layer, sc)
+
+
+def test_cuda_core_loop_one_row_a_program(layer, monkeypatch):
+    """Two tokens on the CUDA-core loop (DSV41_GEMV_MAX_M=2) with a program a token row
+    (DSV41_GEMV_ROWS=1; the kv tail then runs a program a token too): the reference's seams."""
+    monkeypatch.delenv("DSV41_NORM_IN_WQB", raising=False)
+    monkeypatch.delenv("DSV41_KV_IN_WQB", raising=False)
+    monkeypatch.setenv("DSV41_GEMV_MAX_M", "2")
+    monkeypatch.setenv("DSV41_GEMV_ROWS", "1")
+    check_seams(layer, *run_both(layer, make_scenario(layer.dims, LAYER_ID, 2, seed=12)))
+    monkeypatch.setenv("DSV41_GEMV_ROWS", "3")
+    with pytest.raises(ValueError, match="DSV41_GEMV_ROWS: expected a power of two 1 .. 64"):
+        nvidia_step(layer, *make_scenario(layer.dims, LAYER_ID, 2, seed=12).step_args())

@@ -131,7 +131,7 @@ def _epilogue_tl(
 def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
                   KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
                   COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
-                  ALIGNED: tl.constexpr, CACHE: tl.constexpr = ""):  # fmt: skip
+                  ALIGNED: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
     """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid
     (``CACHE``: the record loads' cache modifier)."""
     kk = k0 + tl.arange(0, BK)
@@ -180,7 +180,7 @@ def mega_attention_kernel(
         k_early, valid_early = _key_block_tl(table_ptr + token.to(tl.int64) * KEYS, split * BK,
                                              win_ptr, comp_ptr, window_slots, compressed_slots,
                                              KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                             ALIGNED)  # fmt: skip
+                                             ALIGNED, "")  # fmt: skip
         pdl_prologue_tl(USE_PDL)
         if FRESH > 0:
             kk = split * BK + tl.arange(0, BK)
@@ -213,7 +213,7 @@ def mega_attention_kernel(
         else:
             k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
                                      compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                     ALIGNED)  # fmt: skip
+                                     ALIGNED, "")  # fmt: skip
         if DOT_BF16:
             k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
             s = tl.dot(q, tl.trans(k))

@@ -419,6 +419,18 @@ def gemv_max_m() -> int:
     return env_int("DSV41_GEMV_MAX_M", GEMV_MAX_M, lambda v: v <= 48, "0 .. 48")
 
 
+def gemv_rows(m: int) -> int:
+    """Token rows a CUDA-core program takes for bucket ``m``: ``DSV41_GEMV_ROWS`` (a power of
+    two, 1 .. 64) when set, else the whole bucket; never more than the bucket's power of two.
+    With fewer rows the launch has a program a tile and row block, each reading its weight
+    tile (the copies after the first are L2 hits when they run together) and holding one
+    row's products, not the bucket's (session 10: 96 to 107 registers at two rows, 56 at one)."""
+    rows = env_int("DSV41_GEMV_ROWS", None, lambda v: 1 <= v <= 64 and v & (v - 1) == 0,
+                   "a power of two 1 .. 64")  # fmt: skip
+    bucket = triton.next_power_of_2(m)
+    return bucket if rows is None else min(rows, bucket)
+
+
 def gemv_max_steps() -> int:
     """Unrolled K steps a whole-row GEMV tile may take: ``DSV41_GEMV_STEPS`` (1 .. 8) when set,
     else ``GEMV_MAX_STEPS``."""
@@ -457,7 +469,7 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     while n_per_group % block_n:
         block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
-    return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
+    return GemmConfig(gemv_rows(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps)  # fmt: skip
 
 
