@@ -103,22 +103,18 @@ def record_offsets_tl(slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
-def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr,
-                    CACHE: tl.constexpr):  # fmt: skip
+def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr):
     """fp32 keys ``[BK, 512]`` of the records whose data rows and codes start at the uint8
     pointers ``data_ptrs [BK]`` and ``code_ptrs [BK]``; rows where ``valid [BK]`` is false are 0.
 
     Row pointers let one tile mix records of two caches (``tl.where(is_compressed, ...)``).
-    ``CACHE`` is the loads' cache modifier ("": the default; ".cg": from L2, past a stale L1
-    line). It has no default: Triton 3.6 does not pass a helper's default string as a constexpr.
     """
     d = tl.arange(0, _KV_DIM)
     if FMT == FMT_DS_MLA:
         GROUP: tl.constexpr = _DS_MLA_GROUP
         is_nope = d < _NOPE_DIM
         fp8 = tl.load(
-            data_ptrs[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0,
-            cache_modifier=CACHE,
+            data_ptrs[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0
         )
         # The rope dims are bf16 at byte 448 + 2 (d - 448) of the (even) data row.
         rope_ptrs = (data_ptrs + _NOPE_DIM).to(tl.pointer_type(tl.bfloat16))
@@ -126,7 +122,6 @@ def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.const
             rope_ptrs[:, None] + (d[None, :] - _NOPE_DIM),
             mask=valid[:, None] & ~is_nope[None, :],
             other=0.0,
-            cache_modifier=CACHE,
         )
         fp8 = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         raw = tl.where(is_nope[None, :], fp8, rope.to(tl.float32))
@@ -135,16 +130,13 @@ def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.const
             code_ptrs[:, None] + g[None, :],
             mask=valid[:, None] & (g < _DS_MLA_CODES)[None, :],
             other=_UNIT_CODE,
-            cache_modifier=CACHE,
         )
     else:
         GROUP: tl.constexpr = _MX_GROUP
-        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0,
-                      cache_modifier=CACHE)  # fmt: skip
+        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0)
         raw = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         g = tl.arange(0, _KV_DIM // GROUP)
-        code = tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0,
-                       cache_modifier=CACHE)  # fmt: skip
+        code = tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0)
     scale = e8m0_scale_tl(code.to(tl.int32))
     keys = tl.reshape(raw, (BK, _KV_DIM // GROUP, GROUP)) * scale[:, :, None]
     return tl.reshape(keys, (BK, _KV_DIM))
@@ -156,7 +148,7 @@ def load_keys_tl(
 ):
     """fp32 keys ``[BK, 512]`` of the records at ``slots [BK]``; rows not ``valid [BK]`` are 0."""
     data, codes = record_offsets_tl(slots, BLOCK_TOKENS, FMT)
-    return load_records_tl(cache_ptr + data, cache_ptr + codes, valid, FMT, BK, "")
+    return load_records_tl(cache_ptr + data, cache_ptr + codes, valid, FMT, BK)
 
 
 @triton.jit

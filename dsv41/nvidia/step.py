@@ -31,7 +31,6 @@ from dsv41.common.switches import env_flag
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import (
-    KvTail,
     NormInput,
     Scratch,
     bucket_for,
@@ -109,13 +108,6 @@ def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
     return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
 
 
-def kv_in_wq_b() -> bool:
-    """Whether a step whose wq_b normalises qr also runs kv's norm, RoPE and insert in wq_b's
-    launch (its kv tail), rather than the norm kernel on a side stream: ``DSV41_KV_IN_WQB``
-    (1 or 0), on by default."""
-    return env_flag("DSV41_KV_IN_WQB", True)
-
-
 def launch_step(
     layer: LayerWeights,
     x: torch.Tensor,
@@ -139,26 +131,20 @@ def launch_step(
         )  # fmt: skip
 
     side = None  # the side stream the norm kernel ran on, if any
-    fresh = None  # slots whose records wq_b's launch inserts (its kv tail)
     if norm_in_wq_b(layer, x.shape[0], x.device):
-        tail = None
-        if kv_in_wq_b():
-            tail = KvTail(
-                out.qkv[:, model.q_rank :], layer.kv_norm, positions, slot_mapping, window_cache,
-                cos, sin, model.nope_dim, out.kv,
-            )  # fmt: skip
-            fresh = slot_mapping
-        elif x.is_cuda:
+        main = None
+        if x.is_cuda:
             main = torch.cuda.current_stream(x.device)
             if x.device not in _SIDE_STREAMS:
                 _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
             side = _SIDE_STREAMS[x.device]
+        if side is not None:
             side.wait_stream(main)
             with torch.cuda.stream(side):
                 norm()
         else:
             norm()
-        qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps, tail)
+        qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
         mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
@@ -181,10 +167,7 @@ def launch_step(
         softmax_scale=model.softmax_scale,
         heads_per_group=model.heads_per_group,
         splits=splits,
-        # Records are ready once the insert is joined by an event (side stream), or but for the
-        # fresh ones that wq_b's kv tail writes; not when the norm kernel ran before wq_b.
-        records_ready=side is not None or fresh is not None,
-        fresh_slots=fresh,
+        records_ready=side is not None,  # the insert joined by an event, not a PDL edge
     )
     mx_gemm(
         (xo, xo_codes),

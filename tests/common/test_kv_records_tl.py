@@ -93,7 +93,7 @@ def _load_two_caches_kernel(
     comp_data, comp_codes = record_offsets_tl(slots, 2 * BLOCK, FMT)
     data_ptrs = tl.where(is_comp, comp_ptr + comp_data, win_ptr + win_data)
     code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
-    keys = load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK, "")
+    keys = load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK)
     tl.store(out_ptr + rows[:, None] * 512 + tl.arange(0, 512)[None, :], keys)
 
 

@@ -9,7 +9,6 @@ interpreter rounds f32 -> e4m3 differently at ties, so e4m3 values are compared
 to within one e4m3 step; E8M0 codes, computed from bits, must match exactly.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -37,7 +36,6 @@ from dsv41.nvidia.ops.mx_gemm import (
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
     GemmConfig,
-    KvTail,
     NormInput,
     Scratch,
     bucket_for,
@@ -198,45 +196,6 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
                 config=GemmConfig(block_m=16, block_n=32, block_k=k, split_k=1))  # fmt: skip
 
 
-def test_kv_tail_matches_the_norm_kernel(layer):
-    """wq_b with a kv tail (3 tokens in a 4-row bucket, K split in 2): the norm kernel's kv and
-    cache bytes bit for bit (a slot outside the cache skipped, other slots untouched), and the
-    product of wq_b without it. (The one-token step tests run it in both record formats.)"""
-    fmt = "fp8_mx"
-    model, m = layer.dims.model, 3
-    qkv = (3 * x_of(m, model.qkv_rows, 61).float()).bfloat16()
-    positions, slots = torch.tensor([2, 90, 700]), torch.tensor([5, 1 << 20, 33])
-    cos, sin = rope_tables(model, layer.layer_id)
-    caches = [PagedKVCache(4, model.window_block, fmt) for _ in range(2)]
-    caches[0].data.random_(0, 256, generator=torch.Generator().manual_seed(2))
-    caches[1].data.copy_(caches[0].data)
-    kvs = [torch.empty(m, model.kv_dim, dtype=torch.bfloat16) for _ in range(2)]
-    qr8 = (torch.empty(m, model.q_rank, dtype=E4M3),
-           torch.empty(m, model.q_rank // 32, dtype=torch.uint8))  # fmt: skip
-    norm_rope_insert(qkv, layer.q_norm, layer.kv_norm, positions, slots, caches[0], cos, sin,
-                     eps=model.eps, nope=model.nope_dim, kv=kvs[0], qr8=qr8)  # fmt: skip
-    k = model.q_rank
-    tail = KvTail(qkv[:, k:], layer.kv_norm, positions, slots, caches[1], cos, sin,
-                  model.nope_dim, kvs[1])  # fmt: skip
-    cfg = GemmConfig(block_m=4, block_n=32, block_k=k // 2, split_k=2, gemv=True)
-    scratch = Scratch()
-    got = mx_gemm(NormInput(qkv[:, :k], layer.q_norm, model.eps, tail), layer.wq_b,
-                  layer.wq_b_scale, scratch=scratch, config=cfg)  # fmt: skip
-    assert torch.equal(got, mx_gemm(NormInput(qkv[:, :k], layer.q_norm, model.eps), layer.wq_b,
-                                    layer.wq_b_scale, scratch=Scratch(), config=cfg))  # fmt: skip
-    assert torch.equal(kvs[1], kvs[0])
-    assert torch.equal(caches[1].data, caches[0].data)
-    assert not scratch.tickets.any()
-    bad = dataclasses.replace(tail, kv_in=qkv[:, k + 1 :])
-    with pytest.raises(ValueError, match="kv_in: expected bfloat16"):
-        mx_gemm(NormInput(qkv[:, :k], layer.q_norm, model.eps, bad), layer.wq_b,
-                layer.wq_b_scale, config=cfg)  # fmt: skip
-    bad = dataclasses.replace(tail, slot_mapping=slots.float())
-    with pytest.raises(ValueError, match="slot_mapping: expected int32 or int64"):
-        mx_gemm(NormInput(qkv[:, :k], layer.q_norm, model.eps, bad), layer.wq_b,
-                layer.wq_b_scale, config=cfg)  # fmt: skip
-
-
 @pytest.mark.parametrize("steps, tile", [(1, GEMV_SPLIT_TILE_BYTES), (5, 2 * GEMV_SPLIT_TILE_BYTES)])
 def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
     """Real geometry, tp 4: buckets up to GEMV_MAX_M run the GEMV loop, whole rows a program
@@ -382,7 +341,7 @@ from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
-          "K_PAD": 2048, "K_STEPS": 1, "KV_TAIL": False, "KV_DIM": 1, "WIN_BLOCK": 1, "FMT": 0}
+          "K_PAD": 2048, "K_STEPS": 1}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",

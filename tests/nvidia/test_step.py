@@ -19,7 +19,6 @@ from dsv41.common.mx import mxfp8_quantize
 from dsv41.common.reference import mx_linear, reference_step
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia import step
 from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, norm_in_wq_b, nvidia_step
 from dsv41.nvidia.warmup import REGISTRY, warmup
 
@@ -140,41 +139,3 @@ def test_norm_in_wq_b_follows_the_cuda_core_loop_and_its_switch(layer, monkeypat
     monkeypatch.setenv("DSV41_NORM_IN_WQB", "off")
     with pytest.raises(ValueError, match="DSV41_NORM_IN_WQB: expected 0 or 1, got 'off'"):
         norm_in_wq_b(layer, 1, cpu)
-
-
-def test_kv_tail_inserts_without_the_norm_kernel_and_its_switch(layer, monkeypatch):
-    """One token: wq_b's launch runs kv's norm, RoPE and record insert in its extra programs
-    (the norm kernel never runs) unless DSV41_KV_IN_WQB=0, which runs the norm kernel (on a
-    side stream on a GPU); both give the reference's seams and cache bytes."""
-    monkeypatch.delenv("DSV41_NORM_IN_WQB", raising=False)
-    monkeypatch.delenv("DSV41_GEMV_MAX_M", raising=False)
-    sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=11)
-    real = step.norm_rope_insert
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the norm kernel ran")
-
-    monkeypatch.setattr(step, "norm_rope_insert", refuse)
-    monkeypatch.delenv("DSV41_KV_IN_WQB", raising=False)
-    check_seams(layer, *run_both(layer, sc))
-    monkeypatch.setenv("DSV41_KV_IN_WQB", "0")
-    with pytest.raises(AssertionError, match="the norm kernel ran"):
-        run_both(layer, sc)
-    monkeypatch.setattr(step, "norm_rope_insert", real)
-    check_seams(layer, *run_both(layer, sc))
-    monkeypatch.setenv("DSV41_KV_IN_WQB", "no")
-    with pytest.raises(ValueError, match="DSV41_KV_IN_WQB: expected 0 or 1, got 'no'"):
-        run_both(layer, sc)
-
-
-def test_cuda_core_loop_one_row_a_program(layer, monkeypatch):
-    """Two tokens on the CUDA-core loop (DSV41_GEMV_MAX_M=2) with a program a token row
-    (DSV41_GEMV_ROWS=1; the kv tail then runs a program a token too): the reference's seams."""
-    monkeypatch.delenv("DSV41_NORM_IN_WQB", raising=False)
-    monkeypatch.delenv("DSV41_KV_IN_WQB", raising=False)
-    monkeypatch.setenv("DSV41_GEMV_MAX_M", "2")
-    monkeypatch.setenv("DSV41_GEMV_ROWS", "1")
-    check_seams(layer, *run_both(layer, make_scenario(layer.dims, LAYER_ID, 2, seed=12)))
-    monkeypatch.setenv("DSV41_GEMV_ROWS", "3")
-    with pytest.raises(ValueError, match="DSV41_GEMV_ROWS: expected a power of two 1 .. 64"):
-        nvidia_step(layer, *make_scenario(layer.dims, LAYER_ID, 2, seed=12).step_args())

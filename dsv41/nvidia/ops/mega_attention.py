@@ -51,7 +51,7 @@ from dsv41.common.kv_records_tl import (
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
-from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
+from dsv41.nvidia.ops.mx_gemm import interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
@@ -131,9 +131,8 @@ def _epilogue_tl(
 def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
                   KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
                   COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
-                  ALIGNED: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
-    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid
-    (``CACHE``: the record loads' cache modifier)."""
+                  ALIGNED: tl.constexpr):  # fmt: skip
+    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
     kk = k0 + tl.arange(0, BK)
     entries = tl.load(table_row + kk, mask=kk < KEYS, other=-1)
     is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
@@ -143,28 +142,24 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
     if ALIGNED:  # every data row starts 16-B aligned in both caches: 16-B loads
         data_ptrs = tl.multiple_of(data_ptrs, 16)
     code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
-    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK, CACHE), valid
+    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
 
 
 @triton.jit(do_not_specialize=["window_slots", "compressed_slots", "max_pos"])
 def mega_attention_kernel(
     q_ptr, pos_ptr, table_ptr, win_ptr, comp_ptr, sink_ptr, cos_ptr, sin_ptr,
-    xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr, fresh_ptr,
-    window_slots, compressed_slots, max_pos, qk_scale, n_fresh,
+    xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
+    window_slots, compressed_slots, max_pos, qk_scale,
     H: tl.constexpr, G: tl.constexpr, KEYS: tl.constexpr, FMT: tl.constexpr,
     WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
-    FRESH: tl.constexpr = 0,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
 
-    ``EARLY`` (a split of one key block): the block is read before the PDL wait, so only q's
-    read waits for wq_b. No kernel still running may write its records, but for the
-    ``n_fresh`` window slots at ``fresh_ptr`` (``FRESH`` a power of two >= n_fresh, 0 for none),
-    which the launch before this one inserts: a block holding one is read again, from L2,
-    after the wait."""
+    ``EARLY`` (a split of one key block whose records no kernel still running writes): the
+    block is read before the PDL wait, so only q's read waits for wq_b."""
     if not EARLY:
         pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
@@ -180,20 +175,8 @@ def mega_attention_kernel(
         k_early, valid_early = _key_block_tl(table_ptr + token.to(tl.int64) * KEYS, split * BK,
                                              win_ptr, comp_ptr, window_slots, compressed_slots,
                                              KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                             ALIGNED, "")  # fmt: skip
+                                             ALIGNED)  # fmt: skip
         pdl_prologue_tl(USE_PDL)
-        if FRESH > 0:
-            kk = split * BK + tl.arange(0, BK)
-            entries = tl.load(table_ptr + token.to(tl.int64) * KEYS + kk, mask=kk < KEYS, other=-1)
-            f = tl.arange(0, FRESH)
-            fresh = tl.load(fresh_ptr + f, mask=f < n_fresh, other=-1).to(tl.int64)
-            hit = (entries.to(tl.int64)[:, None] == fresh[None, :]) & (entries >= 0)[:, None]
-            if tl.max(tl.max(hit.to(tl.int32), axis=1), axis=0) > 0:
-                k_early, valid_early = _key_block_tl(
-                    table_ptr + token.to(tl.int64) * KEYS, split * BK, win_ptr, comp_ptr,
-                    window_slots, compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK, ALIGNED,
-                    ".cg",
-                )  # fmt: skip
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
@@ -213,7 +196,7 @@ def mega_attention_kernel(
         else:
             k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
                                      compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                     ALIGNED, "")  # fmt: skip
+                                     ALIGNED)  # fmt: skip
         if DOT_BF16:
             k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
             s = tl.dot(q, tl.trans(k))
@@ -351,7 +334,6 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
-    fresh_slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -371,11 +353,7 @@ def mega_attention(
     - ``records_ready``: no kernel that may still run when this launch starts writes the
       caches (the caller ordered the record insert before it with a full stream dependency);
       by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
-      PDL wait (``early_keys``);
-    - ``fresh_slots`` int ``[n]`` (with ``records_ready``): window-cache slots whose records the
-      launch just before this one writes (the step's insert in wq_b's launch, ``mx_gemm``'s
-      ``KvTail``), so readable only after the PDL wait: a key block that holds one is read
-      again after it.
+      PDL wait (``early_keys``).
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -413,9 +391,6 @@ def mega_attention(
              "sin": sin, "window_cache": window_cache.data}  # fmt: skip
     if compressed_cache is not None:
         named["compressed_cache"] = compressed_cache.data
-    if fresh_slots is not None:
-        _check("fresh_slots", fresh_slots, (torch.int32, torch.int64), (fresh_slots.numel(),))
-        named["fresh_slots"] = fresh_slots
     for name, t in named.items():
         if t.device != device:
             raise ValueError(
@@ -444,18 +419,15 @@ def mega_attention(
     comp = compressed_cache if compressed_cache is not None else window_cache
     xo_bytes = xo.view(torch.uint8)
     pdl = pdl_enabled(tokens)
-    early = records_ready and keys_per_split == KEY_BLOCK and early_keys()
-    fresh = fresh_slots if early and fresh_slots is not None else key_table  # unread if not early
-    n_fresh = fresh_slots.numel() if early and fresh_slots is not None else 0
     mega_attention_kernel[(tiles, splits)](
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
-        xo_bytes, xo_codes, lse, part_o, part_stat, fresh,
+        xo_bytes, xo_codes, lse, part_o, part_stat,
         window_cache.num_slots, 0 if compressed_cache is None else compressed_cache.num_slots,
-        cos.shape[0], softmax_scale * LOG2_E, n_fresh,
+        cos.shape[0], softmax_scale * LOG2_E,
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=early, FRESH=triton.next_power_of_2(bucket_for(n_fresh)) if n_fresh else 0,
+        EARLY=records_ready and keys_per_split == KEY_BLOCK and early_keys(),
         num_warps=4, USE_PDL=pdl, ALIGNED=_rows_aligned(window_cache, comp),
         **pdl_launch_options(pdl),
     )  # fmt: skip

@@ -15,9 +15,6 @@ prologues (``A_MODE``):
 - ``A_NORM`` (CUDA-core loop only): bf16 ``qr [M, K]``, RMS-normalised over its
   K columns, times the norm weight, rounded to bf16 and cast to MXFP8: wq_b's
   activation straight from the Wqkv output, as ``norm_rope_insert`` makes it.
-  With a ``KvTail`` the launch has one more column of programs, which runs the
-  kv half of ``norm_rope_insert`` (norm, RoPE, record insert) for its tokens, so
-  the step needs no norm launch.
 
 Grouped GEMMs (``wo_a``) give each group of ``N_PER_GROUP`` output rows its
 own ``K`` columns of ``a``: ``out[:, g * Ng + n] = a[:, g * K : (g + 1) * K] @
@@ -45,8 +42,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41.common.kv_cache import PagedKVCache
-from dsv41.common.kv_records_tl import fmt_id
 from dsv41.common.mx import (
     E4M3,
     MX_BLOCK,
@@ -58,7 +53,6 @@ from dsv41.common.mx import (
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
-from dsv41.nvidia.ops.norm_rope_insert import kv_rope_insert_tl
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
@@ -212,11 +206,6 @@ def mx_gemm_kernel(
     cos_ptr,
     sin_ptr,
     norm_ptr,
-    kv_in_ptr,
-    kv_norm_ptr,
-    slot_ptr,
-    cache_ptr,
-    kv_out_ptr,
     eps,
     M,
     stride_am,
@@ -224,9 +213,6 @@ def mx_gemm_kernel(
     stride_om,
     stride_o8m,
     stride_o8cm,
-    stride_kvi,
-    stride_kvo,
-    num_slots,
     N: tl.constexpr,
     K: tl.constexpr,
     N_PER_GROUP: tl.constexpr,
@@ -245,30 +231,11 @@ def mx_gemm_kernel(
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     K_STEPS: tl.constexpr = 1,
-    KV_TAIL: tl.constexpr = False,
-    KV_DIM: tl.constexpr = 1,
-    WIN_BLOCK: tl.constexpr = 1,
-    FMT: tl.constexpr = 0,
 ):
-    """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
-
-    ``KV_TAIL`` (A_NORM): the last column of programs runs the kv tail instead (``KvTail``)."""
+    """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    if KV_TAIL:
-        tl.static_assert(A_MODE == A_NORM, "the kv tail rides on wq_b's RMSNorm prologue")
-        if pid_n == tl.num_programs(0) - 1:
-            pdl_prologue_tl(USE_PDL)
-            if pid_k == 0:
-                for r in tl.static_range(BLOCK_M):
-                    t = pid_m * BLOCK_M + r
-                    if t < M:
-                        kv_rope_insert_tl(kv_in_ptr + t.to(tl.int64) * stride_kvi, kv_norm_ptr,
-                                          pos_ptr + t, slot_ptr + t, cos_ptr, sin_ptr, cache_ptr,
-                                          kv_out_ptr + t.to(tl.int64) * stride_kvo, num_slots, eps,
-                                          KV_DIM, NOPE, HALF_ROPE, WIN_BLOCK, FMT)  # fmt: skip
-            return
     K_SPLIT: tl.constexpr = K // SPLIT_K
     n0 = pid_n * BLOCK_N
     group = n0 // N_PER_GROUP
@@ -419,18 +386,6 @@ def gemv_max_m() -> int:
     return env_int("DSV41_GEMV_MAX_M", GEMV_MAX_M, lambda v: v <= 48, "0 .. 48")
 
 
-def gemv_rows(m: int) -> int:
-    """Token rows a CUDA-core program takes for bucket ``m``: ``DSV41_GEMV_ROWS`` (a power of
-    two, 1 .. 64) when set, else the whole bucket; never more than the bucket's power of two.
-    With fewer rows the launch has a program a tile and row block, each reading its weight
-    tile (the copies after the first are L2 hits when they run together) and holding one
-    row's products, not the bucket's (session 10: 96 to 107 registers at two rows, 56 at one)."""
-    rows = env_int("DSV41_GEMV_ROWS", None, lambda v: 1 <= v <= 64 and v & (v - 1) == 0,
-                   "a power of two 1 .. 64")  # fmt: skip
-    bucket = triton.next_power_of_2(m)
-    return bucket if rows is None else min(rows, bucket)
-
-
 def gemv_max_steps() -> int:
     """Unrolled K steps a whole-row GEMV tile may take: ``DSV41_GEMV_STEPS`` (1 .. 8) when set,
     else ``GEMV_MAX_STEPS``."""
@@ -469,7 +424,7 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     while n_per_group % block_n:
         block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
-    return GemmConfig(gemv_rows(m), block_n, block_k, split_k, num_warps=warps,
+    return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps)  # fmt: skip
 
 
@@ -561,32 +516,12 @@ class OInput:
 
 
 @dataclasses.dataclass(frozen=True)
-class KvTail:
-    """The kv half of ``norm_rope_insert``, run by an ``A_NORM`` launch's extra programs:
-    ``kv_out = bf16(rope(bf16(rmsnorm(kv_in) kv_norm)))``, inserted into ``cache`` at
-    ``slot_mapping`` (a slot outside the cache is skipped). Readers of those records after
-    this launch with PDL must wait for it (``mega_attention``'s ``fresh_slots``)."""
-
-    kv_in: torch.Tensor  # bf16 [M, kv_dim]: the Wqkv output's kv columns
-    kv_norm: torch.Tensor  # bf16 [kv_dim]
-    positions: torch.Tensor  # [M] int
-    slot_mapping: torch.Tensor  # [M] int: window-cache slots
-    cache: PagedKVCache
-    cos: torch.Tensor  # fp32 [max_position, rope_dim / 2]
-    sin: torch.Tensor
-    nope: int  # 448
-    kv_out: torch.Tensor  # bf16 [M, kv_dim]
-
-
-@dataclasses.dataclass(frozen=True)
 class NormInput:
-    """A bf16 activation normalised in the ``A_NORM`` prologue: ``bf16(rmsnorm(qr) * weight)``,
-    with the kv tail when ``kv`` is given."""
+    """A bf16 activation normalised in the ``A_NORM`` prologue: ``bf16(rmsnorm(qr) * weight)``."""
 
     qr: torch.Tensor  # bf16 [M, K] (a view of the Wqkv output: its first q_rank columns)
     weight: torch.Tensor  # bf16 [K]
     eps: float
-    kv: KvTail | None = None
 
 
 def mx_gemm(
@@ -639,26 +574,6 @@ def mx_gemm(
             raise ValueError(f"qr: a normalised activation feeds one group, got {groups} groups")
         mode, a_val, a_codes, stride_am, stride_acm = A_NORM, a.qr, a.qr, a.qr.stride(0), 0
         norm, eps = a.weight, a.eps
-        if a.kv is not None:
-            tail = a.kv
-            kv_dim = tail.kv_norm.shape[0]
-            _check("kv_in", tail.kv_in, torch.bfloat16, (m, kv_dim))
-            _check("kv_out", tail.kv_out, torch.bfloat16, (m, kv_dim))
-            _check("kv_norm", tail.kv_norm, torch.bfloat16, (kv_dim,))
-            _check("cos", tail.cos, torch.float32, (tail.cos.shape[0], (kv_dim - tail.nope) // 2))
-            _check("sin", tail.sin, torch.float32, tuple(tail.cos.shape))
-            for name, t in (("positions", tail.positions), ("slot_mapping", tail.slot_mapping)):
-                if tuple(t.shape) != (m,) or t.dtype not in (torch.int32, torch.int64):
-                    raise ValueError(
-                        f"{name}: expected int32 or int64 [{m}], got {t.dtype} {list(t.shape)}"
-                    )
-            if kv_dim & (kv_dim - 1) or not 0 < tail.nope < kv_dim:
-                raise ValueError(
-                    f"kv_norm: expected a power-of-two kv width above nope = {tail.nope}, "
-                    f"got {kv_dim}"
-                )
-            pos, cos, sin = tail.positions, tail.cos, tail.sin
-            geo = {"G": 1, "HEAD_DIM": 1, "NOPE": tail.nope, "HALF_ROPE": tail.cos.shape[1]}
     elif isinstance(a, tuple):
         a_val, a_codes = a
         m = a_val.shape[0]
@@ -705,10 +620,7 @@ def mx_gemm(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
             f"(block_k * k_steps * split_k = {k}), got {cfg}"
         )
-    tail = a.kv if mode == A_NORM else None
-    # With a kv tail, one more column of programs (the last) runs it.
-    grid = (triton.cdiv(n, cfg.block_n) + (tail is not None), cfg.split_k,
-            triton.cdiv(m, cfg.block_m))  # fmt: skip
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     if cfg.split_k > 1:
         part, tickets = (scratch or scratch_for("default")).get(
             cfg.split_k * m * n, grid[0] * grid[2], dev
@@ -731,11 +643,6 @@ def mx_gemm(
         cos if cos is not None else out,
         sin if sin is not None else out,
         norm if norm is not None else out,
-        tail.kv_in if tail else out,
-        tail.kv_norm if tail else out,
-        tail.slot_mapping if tail else out,
-        tail.cache.data if tail else out,
-        tail.kv_out if tail else out,
         eps,
         m,
         stride_am,
@@ -743,9 +650,6 @@ def mx_gemm(
         out.stride(0),
         o8v.stride(0),
         o8c.stride(0),
-        tail.kv_in.stride(0) if tail else 0,
-        tail.kv_out.stride(0) if tail else 0,
-        tail.cache.num_slots if tail else 0,
         N=n,
         K=k,
         N_PER_GROUP=n_per_group,
@@ -763,10 +667,6 @@ def mx_gemm(
         **geo,
         USE_PDL=pdl,
         K_STEPS=cfg.k_steps,
-        KV_TAIL=tail is not None,
-        KV_DIM=tail.kv_norm.shape[0] if tail else 1,
-        WIN_BLOCK=tail.cache.block if tail else 1,
-        FMT=fmt_id(tail.cache.fmt) if tail else 0,
         **pdl_launch_options(pdl),
     )
     return out

@@ -24,34 +24,6 @@ from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_t
 
 
 @triton.jit
-def kv_rope_insert_tl(kv_in_ptr, kv_norm_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, cache_ptr,
-                      kv_out_ptr, num_slots, eps, KV_DIM: tl.constexpr, NOPE: tl.constexpr,
-                      HALF_ROPE: tl.constexpr, BLOCK_TOKENS: tl.constexpr,
-                      FMT: tl.constexpr):  # fmt: skip
-    """One token's kv: ``bf16(rope(bf16(rmsnorm(kv) kv_norm)))`` from the bf16 Wqkv columns at
-    ``kv_in_ptr``, stored bf16 at ``kv_out_ptr`` and as a record at the slot ``*slot_ptr``;
-    ``pos_ptr`` points at the token's position."""
-    d = tl.arange(0, KV_DIM)
-    p = d ^ 1
-    kv = tl.load(kv_in_ptr + d).to(tl.float32)
-    scale = rms_factor_tl(kv, KV_DIM, eps)
-    kv = bf16_round_tl(kv * scale * tl.load(kv_norm_ptr + d).to(tl.float32))
-    partner = tl.load(kv_in_ptr + p).to(tl.float32)
-    partner = bf16_round_tl(partner * scale * tl.load(kv_norm_ptr + p).to(tl.float32))
-    is_rope = d >= NOPE
-    pos = tl.load(pos_ptr).to(tl.int64)
-    pair = tl.where(is_rope, (d - NOPE) // 2, 0)
-    cs = tl.load(cos_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=1.0)
-    sn = tl.load(sin_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=0.0)
-    even = d % 2 == 0
-    r0, r1 = rope_pair_tl(tl.where(even, kv, partner), tl.where(even, partner, kv), cs, sn, False)
-    kv = bf16_round_tl(tl.where(is_rope, tl.where(even, r0, r1), kv))
-    tl.store(kv_out_ptr + d, kv.to(tl.bfloat16))
-    slot = tl.load(slot_ptr + tl.arange(0, 1)).to(tl.int64)
-    store_record_tl(cache_ptr, slot, tl.reshape(kv, (1, KV_DIM)), num_slots, BLOCK_TOKENS, FMT)
-
-
-@triton.jit
 def norm_rope_insert_kernel(
     qkv_ptr,
     q_norm_ptr,
@@ -101,9 +73,25 @@ def norm_rope_insert_kernel(
         tl.reshape(c, (Q_PAD // 32,)).to(tl.uint8),
         mask=g < Q_RANK // 32,
     )
-    kv_rope_insert_tl(row + Q_RANK, kv_norm_ptr, pos_ptr + t, slot_ptr + t, cos_ptr, sin_ptr,
-                      cache_ptr, kv_ptr + t.to(tl.int64) * stride_kv, num_slots, eps, KV_DIM, NOPE,
-                      HALF_ROPE, BLOCK_TOKENS, FMT)  # fmt: skip
+    # kv half: norm, bf16, RoPE on nope.., bf16, insert.
+    d = tl.arange(0, KV_DIM)
+    p = d ^ 1
+    kv = tl.load(row + Q_RANK + d).to(tl.float32)
+    scale = rms_factor_tl(kv, KV_DIM, eps)
+    kv = bf16_round_tl(kv * scale * tl.load(kv_norm_ptr + d).to(tl.float32))
+    partner = tl.load(row + Q_RANK + p).to(tl.float32)
+    partner = bf16_round_tl(partner * scale * tl.load(kv_norm_ptr + p).to(tl.float32))
+    is_rope = d >= NOPE
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    pair = tl.where(is_rope, (d - NOPE) // 2, 0)
+    cs = tl.load(cos_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=1.0)
+    sn = tl.load(sin_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=0.0)
+    even = d % 2 == 0
+    r0, r1 = rope_pair_tl(tl.where(even, kv, partner), tl.where(even, partner, kv), cs, sn, False)
+    kv = bf16_round_tl(tl.where(is_rope, tl.where(even, r0, r1), kv))
+    tl.store(kv_ptr + t.to(tl.int64) * stride_kv + d, kv.to(tl.bfloat16))
+    slot = tl.load(slot_ptr + t + tl.arange(0, 1)).to(tl.int64)
+    store_record_tl(cache_ptr, slot, tl.reshape(kv, (1, KV_DIM)), num_slots, BLOCK_TOKENS, FMT)
 
 
 def norm_rope_insert(
