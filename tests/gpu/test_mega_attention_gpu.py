@@ -108,3 +108,17 @@ def test_cuda_graph_replay_equals_eager(tokens):
         torch.cuda.synchronize()
         for a, b in zip(captured, eager):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_record_prefetch_changes_no_bit(fmt, monkeypatch):
+    """Splits of several key blocks with and without the L2 prefetch of their records
+    (``DSV41_ATTN_PREFETCH``): the same bits, and the reference's seams."""
+    layer, sc, seams, q_fused = _step(4, COMPRESSED_LAYER, 16, fmt)
+    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "0")
+    off = _run(layer, sc, q_fused, splits=7)
+    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "1")
+    on = _run(layer, sc, q_fused, splits=7)
+    for a, b in zip(on, off):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    _check_against_reference(layer, seams, on)

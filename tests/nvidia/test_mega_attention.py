@@ -25,6 +25,7 @@ from dsv41.nvidia.ops.mega_attention import (
     _rows_aligned,
     attention_splits,
     mega_attention,
+    prefetch_records,
 )
 
 FORMATS = ("fp8_ds_mla", "fp8_mx")
@@ -282,3 +283,19 @@ def test_splits_fill_the_gpu_in_whole_key_blocks(heads, monkeypatch) -> None:
     monkeypatch.setenv("DSV41_ATTN_PROGRAMS_PER_SM", "0")
     with pytest.raises(ValueError, match="DSV41_ATTN_PROGRAMS_PER_SM: expected 1 .. 16, got '0'"):
         attention_splits(1, heads, keys, sms)
+
+
+def test_record_prefetch_switch(monkeypatch) -> None:
+    """The L2 prefetch of a split's records is a GPU matter: off under the interpreter whatever
+    ``DSV41_ATTN_PREFETCH`` says, on by default on a GPU, and a bad value is refused either way
+    (the GPU test checks that it changes no bit)."""
+    monkeypatch.delenv("DSV41_ATTN_PREFETCH", raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not prefetch_records()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert prefetch_records()
+    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "0")
+    assert not prefetch_records()
+    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "on")
+    with pytest.raises(ValueError, match="DSV41_ATTN_PREFETCH: expected 0 or 1, got 'on'"):
+        prefetch_records()

@@ -42,6 +42,7 @@ from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import (
+    FMT_DS_MLA,
     data_rows_aligned,
     decode_entries_tl,
     fmt_id,
@@ -145,6 +146,38 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
     return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
 
 
+@triton.jit
+def _prefetch_records_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, compressed_slots,
+                         KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
+                         COMP_BLOCK: tl.constexpr, N: tl.constexpr,
+                         N_PAD: tl.constexpr):  # fmt: skip
+    """Ask the L2 for the records of keys ``k_start .. k_start + N`` of a key-table row (16-B
+    aligned data rows only): one bulk prefetch a data row, and the fp8_ds_mla scale row's line.
+    The split's loop then reads each block after the first from L2, not HBM, so its blocks'
+    memory latencies overlap instead of adding up. Nothing is read into registers, and an
+    invalid entry prefetches nothing."""
+    kk = k_start + tl.arange(0, N_PAD)  # N_PAD: a power of two >= N
+    entries = tl.load(table_row + kk, mask=(kk < KEYS) & (kk < k_start + N), other=-1)
+    is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
+    win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
+    comp_data, comp_codes = record_offsets_tl(slots, COMP_BLOCK, FMT)
+    data = tl.where(is_comp, comp_ptr + comp_data, win_ptr + win_data).to(tl.int64)
+    codes = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes).to(tl.int64)
+    if FMT == FMT_DS_MLA:  # 576 data bytes, then the 8-B scale row elsewhere in the page
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $3, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], 576; @p prefetch.global.L2 [$2]; "
+            "mov.b32 $0, 0; }",
+            "=r,l,l,r", [data, codes, valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+    else:  # 528 contiguous bytes: values, then codes
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], 528; mov.b32 $0, 0; }",
+            "=r,l,r", [data, valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+
 @triton.jit(do_not_specialize=["window_slots", "compressed_slots", "max_pos"])
 def mega_attention_kernel(
     q_ptr, pos_ptr, table_ptr, win_ptr, comp_ptr, sink_ptr, cos_ptr, sin_ptr,
@@ -154,12 +187,14 @@ def mega_attention_kernel(
     WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
 
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
-    block is read before the PDL wait, so only q's read waits for wq_b."""
+    block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
+    several blocks, aligned rows, GPU only): the split's records are asked of the L2 first."""
     if not EARLY:
         pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
@@ -177,6 +212,11 @@ def mega_attention_kernel(
                                              KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
                                              ALIGNED)  # fmt: skip
         pdl_prologue_tl(USE_PDL)
+    if PREFETCH:
+        tl.static_assert(ALIGNED and not EARLY, "a bulk prefetch takes 16-B aligned rows")
+        _prefetch_records_tl(table_ptr + token.to(tl.int64) * KEYS, split * KEYS_PER_SPLIT,
+                             win_ptr, comp_ptr, window_slots, compressed_slots, KEYS, FMT,
+                             WIN_BLOCK, COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
@@ -275,6 +315,12 @@ def early_keys() -> bool:
     ``DSV41_ATTN_EARLY`` (1 or 0), on by default (H200, session 7, tp 4 / tp 2, M = 1:
     37.6 / 55.8 us against 38.4 / 56.9 without)."""
     return env_flag("DSV41_ATTN_EARLY", True)
+
+
+def prefetch_records() -> bool:
+    """Whether a split of several key blocks asks the L2 for its records before its loop:
+    ``DSV41_ATTN_PREFETCH`` (1 or 0), on by default; never under the interpreter (no L2)."""
+    return env_flag("DSV41_ATTN_PREFETCH", True) and not interpreting()
 
 
 def programs_per_sm(tiles: int) -> int:
@@ -419,6 +465,8 @@ def mega_attention(
     comp = compressed_cache if compressed_cache is not None else window_cache
     xo_bytes = xo.view(torch.uint8)
     pdl = pdl_enabled(tokens)
+    early = records_ready and keys_per_split == KEY_BLOCK and early_keys()
+    aligned = _rows_aligned(window_cache, comp)
     mega_attention_kernel[(tiles, splits)](
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
@@ -427,8 +475,9 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=records_ready and keys_per_split == KEY_BLOCK and early_keys(),
-        num_warps=4, USE_PDL=pdl, ALIGNED=_rows_aligned(window_cache, comp),
+        EARLY=early, num_warps=4, USE_PDL=pdl, ALIGNED=aligned,
+        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
+        SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
