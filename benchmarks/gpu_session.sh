@@ -4,13 +4,13 @@
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
-# s10f s10g s11 s11b s11c s11d trace ncu all (default all).
+# s10f s10g s11 s11b s11c s11d s11e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
-# s10 .. s10g: session 10's calls 1 to 7; s11 .. s11d: session 11's calls 1 to 4.
+# s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e: session 11's calls 1 to 5.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -478,4 +478,27 @@ if [ "$what" = s11d ]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 400 2>&1 | tail -3
   for tp in 4 2; do ab DSV41_ATTN_PREFETCH "1 0" --backend nvidia --tp $tp --tokens 4,8,16,32,48; done
+fi
+if [ "$what" = s11e ]; then
+  # Session 11, call 5 (about 7 minutes): attention programs of 8 warps (DSV41_ATTN_WARPS=8):
+  # nvidia's GPU tests with them, A/B against 4 at every M and both shares (the default tree's
+  # nvidia tables), the step cut after each launch at tp 4, M = 2, and attention's counters
+  # at tp 4, M = 16 (4 warps).
+  DSV41_ATTN_WARPS=8 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py --timeout 400 2>&1 | tail -3
+  for tp in 4 2; do
+    ab DSV41_ATTN_WARPS "8 4" --backend nvidia --tp $tp --tokens 1,2,4,8,16,32,48
+  done
+  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 2 --chain 2>&1 | tail -8
+  M="gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active"
+  M="$M,launch__registers_per_thread,launch__grid_size,smsp__inst_executed.sum"
+  M="$M,dram__bytes_read.sum,lts__t_bytes.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+  M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+  timeout 120 /usr/local/cuda/bin/ncu --clock-control none -k regex:mega_attention_kernel \
+    --launch-skip 2 --launch-count 1 --metrics "$M" python3 benchmarks/ncu_steps.py \
+    --backend nvidia --tokens 16 > "$OUT/ncu_attn.txt" 2>&1
+  grep -E "gpu__time|warps_active|launch__|inst_exec|bytes|bank_conf" "$OUT/ncu_attn.txt" \
+    | sed -E 's/ +/ /g'
+  grep -E "issue_stalled" "$OUT/ncu_attn.txt" | sed -E 's/ +/ /g;s/smsp__average_warps_issue_stalled_//' \
+    | awk '$NF+0 >= 0.3'
 fi

@@ -323,6 +323,16 @@ def prefetch_records() -> bool:
     return env_flag("DSV41_ATTN_PREFETCH", True) and not interpreting()
 
 
+ATTN_WARPS = 4  # warps of an attention program (DSV41_ATTN_WARPS overrides it)
+
+
+def attention_warps() -> int:
+    """Warps of an attention program: ``DSV41_ATTN_WARPS`` (4 or 8) when set, else
+    ``ATTN_WARPS``. SM90 (Triton 3.6, 80-key splits): 237 registers and 1073 instructions a
+    warp and key block with 4 warps, 113 and 791 with 8."""
+    return env_int("DSV41_ATTN_WARPS", ATTN_WARPS, lambda v: v in (4, 8), "4 or 8")
+
+
 def programs_per_sm(tiles: int) -> int:
     """Attention programs a SM the key splits aim at for ``tiles`` (token, head tile) pairs:
     ``DSV41_ATTN_PROGRAMS_PER_SM`` when set, else the first of ``PROGRAM_TIERS`` that holds
@@ -475,7 +485,7 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=early, num_warps=4, USE_PDL=pdl, ALIGNED=aligned,
+        EARLY=early, num_warps=attention_warps(), USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         **pdl_launch_options(pdl),
