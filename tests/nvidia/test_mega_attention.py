@@ -24,7 +24,6 @@ from dsv41.nvidia.ops.mega_attention import (
     KEY_BLOCK,
     _rows_aligned,
     attention_splits,
-    attention_warps,
     mega_attention,
     prefetch_records,
 )
@@ -300,15 +299,3 @@ def test_record_prefetch_switch(monkeypatch) -> None:
     monkeypatch.setenv("DSV41_ATTN_PREFETCH", "on")
     with pytest.raises(ValueError, match="DSV41_ATTN_PREFETCH: expected 0 or 1, got 'on'"):
         prefetch_records()
-
-
-def test_attention_warps_switch(monkeypatch) -> None:
-    """Warps of an attention program: 4 by default, ``DSV41_ATTN_WARPS`` 4 or 8, anything else
-    refused (the GPU step tests run with 8 too: gpu_session.sh s11e)."""
-    monkeypatch.delenv("DSV41_ATTN_WARPS", raising=False)
-    assert attention_warps() == 4
-    monkeypatch.setenv("DSV41_ATTN_WARPS", "8")
-    assert attention_warps() == 8
-    monkeypatch.setenv("DSV41_ATTN_WARPS", "6")
-    with pytest.raises(ValueError, match="DSV41_ATTN_WARPS: expected 4 or 8, got '6'"):
-        attention_warps()

@@ -71,6 +71,11 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # took 150.8 us at tp 4, M = 48 (4: 134.7; 3: 141.0 / 141.1), 159.0 at tp 2, M = 32 (4: 140.6;
 # 3: 148.0).
 PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
+# Warps of an attention program. 8 (113 registers, 791 SASS instructions a warp and key block on
+# SM90 against 237 and 1073 with 4) were level up to 16 tokens and slower above (H200, session
+# 11: tp 4, M = 32 / 48: 108.3 / 161.4 us against 94.2 / 136.0; tp 2: 167.9 / 233.4 against
+# 140.8 / 192.4).
+ATTN_WARPS = 4
 LOG2_E = math.log2(math.e)
 
 _HEAD_DIM = tl.constexpr(HEAD_DIM)
@@ -323,16 +328,6 @@ def prefetch_records() -> bool:
     return env_flag("DSV41_ATTN_PREFETCH", True) and not interpreting()
 
 
-ATTN_WARPS = 4  # warps of an attention program (DSV41_ATTN_WARPS overrides it)
-
-
-def attention_warps() -> int:
-    """Warps of an attention program: ``DSV41_ATTN_WARPS`` (4 or 8) when set, else
-    ``ATTN_WARPS``. SM90 (Triton 3.6, 80-key splits): 237 registers and 1073 instructions a
-    warp and key block with 4 warps, 113 and 791 with 8."""
-    return env_int("DSV41_ATTN_WARPS", ATTN_WARPS, lambda v: v in (4, 8), "4 or 8")
-
-
 def programs_per_sm(tiles: int) -> int:
     """Attention programs a SM the key splits aim at for ``tiles`` (token, head tile) pairs:
     ``DSV41_ATTN_PROGRAMS_PER_SM`` when set, else the first of ``PROGRAM_TIERS`` that holds
@@ -485,7 +480,7 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=early, num_warps=attention_warps(), USE_PDL=pdl, ALIGNED=aligned,
+        EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         **pdl_launch_options(pdl),
