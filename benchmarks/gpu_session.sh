@@ -10,7 +10,7 @@
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
-# s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g: session 11's calls 1 to 6 (s11f: prepared, not run).
+# s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g: session 11's calls 1 to 6 (s11f prepared, not run).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

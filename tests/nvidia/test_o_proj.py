@@ -90,16 +90,3 @@ def test_can_fuse_wo_a_bounds(layer):
         wo_a_from_o(layer, o, positions, fused=True)
     with pytest.raises(ValueError, match="o: expected bfloat16"):
         o_proj(layer, o.float(), positions)
-
-
-@pytest.mark.parametrize("m,fused", [(5, True), (33, False)])
-def test_wo_a_paths_on_the_fp8_mma_loop(layer, m, fused, monkeypatch):
-    """``DSV41_FP8_MMA=1``: the fused WO-A prologue (inverse RoPE, fused-O gather, MXFP8 cast a
-    block at a time) and the grouped path on e4m3 tensor cores give the reference's z."""
-    monkeypatch.setenv("DSV41_FP8_MMA", "1")
-    o, positions = inputs(layer, m, 50 + m)
-    _, want_z, want_y = reference(layer, o, positions)
-    z, z8 = wo_a_from_o(layer, o, positions, fused=fused)
-    assert_seam(z, want_z)
-    assert torch.equal(z8[1], mxfp8_quantize(z)[1])
-    assert_seam(o_proj(layer, o, positions), want_y)

@@ -52,7 +52,7 @@ from dsv41.common.mx import (
 )
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
-from dsv41.common.switches import env_flag, env_int
+from dsv41.common.switches import env_int
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
@@ -82,11 +82,6 @@ O_PROLOGUE_BLOCK_K = 128
 # (session 3). Session 9, M = 2, with PDL: 55.1 / 54.8 us at tp 4 against 56.9 / 57.3 on the
 # MMA loop without PDL, but 80.4 against 68.9 at tp 2.
 GEMV_MAX_M = 1
-# The FP8 MMA loop (``fp8_mma``) unrolls a K step's MX blocks, one e4m3 dot each: 256 columns a
-# step at 16 tokens, halved for each doubling of the tokens (SM90, Triton 3.6: 256 columns at 64
-# tokens spilled 176 to 300 B; 64 take 176 registers, none spilled), with 2, 3 or 4 stages.
-FP8_BLOCK_K = 256
-FP8_STAGES = {256: 2, 128: 3, 64: 4, 32: 4}
 GEMV_TILE_BYTES = 16384
 GEMV_SPLIT_TILE_BYTES = 8192  # DSV41_GEMV_SPLIT_TILE overrides it
 GEMV_BLOCK_K_MAX = 2048
@@ -144,32 +139,6 @@ def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k
         x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
         g = tl.load(norm_ptr + col).to(tl.float32)
         return _mx_round(bf16_round_tl(x * rms * g), BLOCKS, _MX)
-
-
-@triton.jit
-def _act_block8(a_ptr, a_codes_ptr, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, stride_am,
-                stride_acm, group, k, K: tl.constexpr, A_MODE: tl.constexpr, G: tl.constexpr,
-                HEAD_DIM: tl.constexpr, NOPE: tl.constexpr, HALF_ROPE: tl.constexpr,
-                BLOCK_M: tl.constexpr):  # fmt: skip
-    """The tile rows' MX block of activation columns ``k .. k + 32`` (of group ``group``) as the
-    FP8 loop takes it: e4m3 values ``[BLOCK_M, 32]`` and int32 codes ``[BLOCK_M]``, loaded (A_MX)
-    or cast from bf16 x (A_CAST) or from the fused-O gather of o (A_O) in the prologue."""
-    kk = k + tl.arange(0, _MX)
-    if A_MODE == A_MX:
-        v = tl.load(a_ptr + rows[:, None] * stride_am + (group * K + kk)[None, :],
-                    mask=row_ok[:, None], other=0.0)  # fmt: skip
-        c = tl.load(a_codes_ptr + rows * stride_acm + (group * K + k) // _MX, mask=row_ok,
-                    other=0).to(tl.int32)  # fmt: skip
-        return v, c
-    else:
-        if A_MODE == A_CAST:
-            x = tl.load(a_ptr + rows[:, None] * stride_am + kk[None, :], mask=row_ok[:, None],
-                        other=0.0).to(tl.float32)  # fmt: skip
-        else:
-            x = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k, group, row_ok,
-                                stride_am, G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, _MX)  # fmt: skip
-        v, c = mx_quantize_tl(x, BLOCK_M, _MX)
-        return v, tl.reshape(c, (BLOCK_M,))
 
 
 @triton.jit
@@ -262,7 +231,6 @@ def mx_gemm_kernel(
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     K_STEPS: tl.constexpr = 1,
-    FP8_MMA: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
@@ -319,26 +287,6 @@ def mx_gemm_kernel(
                     acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
         if LANES:
             acc += tl.sum(tl.sum(lanes, axis=2), axis=1)[None, :]
-    elif FP8_MMA:
-        # e4m3 tensor cores (SM90 wgmma m64nXk32) with the weight rows as the MMA's M and the
-        # tokens as its N: no operand is converted. Each 32-column MX block is one dot of the raw
-        # e4m3 values, whose fp32 result is then weighted by the block's two E8M0 scales (the
-        # weight row's and the token's) and summed in fp32.
-        tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        c32 = tl.arange(0, _MX)
-        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
-            for b in tl.static_range(BLOCK_K // _MX):
-                k = k0 + b * _MX
-                w8 = tl.load(w_ptr + n64[:, None] * K + (k + c32)[None, :], mask=n_ok[:, None],
-                             other=0.0)  # fmt: skip
-                wc = tl.load(w_codes_ptr + n64 * (K // _MX) + k // _MX, mask=n_ok, other=0)
-                a8, ac = _act_block8(a_ptr, a_codes_ptr, pos_ptr, cos_ptr, sin_ptr, rows, row_ok,
-                                     stride_am, stride_acm, group, k, K, A_MODE, G, HEAD_DIM,
-                                     NOPE, HALF_ROPE, BLOCK_M)  # fmt: skip
-                d = tl.dot(w8, tl.trans(a8))  # [BLOCK_N, BLOCK_M], fp32
-                acc_t += d * e8m0_scale_tl(wc.to(tl.int32))[:, None] * e8m0_scale_tl(ac)[None, :]
-        acc = tl.trans(acc_t)
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
@@ -410,7 +358,6 @@ class GemmConfig:
     num_stages: int = 4
     gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
     k_steps: int = 1  # K steps a CUDA-core program runs, unrolled: block_k * k_steps * split_k = K
-    fp8: bool = False  # the MMA loop on e4m3 operands, weight rows as the MMA's M (FP8_MMA)
 
 
 def sm_count(device: torch.device) -> int:
@@ -437,12 +384,6 @@ def gemv_max_m() -> int:
     """The largest token bucket the CUDA-core loop serves: ``DSV41_GEMV_MAX_M`` (0: never, at
     most 48) when set, else ``GEMV_MAX_M``."""
     return env_int("DSV41_GEMV_MAX_M", GEMV_MAX_M, lambda v: v <= 48, "0 .. 48")
-
-
-def fp8_mma() -> bool:
-    """Whether the MMA loop runs on e4m3 tensor cores (``FP8_MMA``): ``DSV41_FP8_MMA`` (1 or 0),
-    off by default."""
-    return env_flag("DSV41_FP8_MMA", False)
 
 
 def gemv_max_steps() -> int:
@@ -502,11 +443,6 @@ def gemm_config(
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
     block_n = 64 if n_per_group % 64 == 0 else 32
-    fp8 = fp8_mma()
-    stages = 2
-    if fp8:  # fewer MX blocks a K step for more tokens, more stages for the shorter steps
-        block_k_max = min(block_k_max, FP8_BLOCK_K * 16 // block_m)
-        stages = FP8_STAGES[block_k_max]
     block_k = block_k_max  # the largest power of two <= block_k_max dividing K (K % 32 == 0)
     while k % block_k:
         block_k //= 2
@@ -520,8 +456,7 @@ def gemm_config(
         else:
             break
     # A program runs few K steps: 2 stages and 4 warps beat 4 / 8 at M = 1 and 48 (H200 sweep).
-    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=stages,
-                      fp8=fp8)  # fmt: skip
+    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2)
 
 
 class Scratch:
@@ -674,8 +609,6 @@ def mx_gemm(
         or (quant and cfg.block_n % MX_BLOCK)
     ):
         raise ValueError(f"config: {cfg} does not tile N per group {n_per_group}, K {k}")
-    if cfg.fp8 and cfg.gemv:
-        raise ValueError(f"config: fp8 is an MMA loop setting (gemv=False), got {cfg}")
     if cfg.k_steps != 1 and not cfg.gemv:
         raise ValueError(f"config: k_steps is a CUDA-core loop setting (gemv=True), got {cfg}")
     if cfg.block_k % MX_BLOCK or cfg.block_k & (cfg.block_k - 1):
@@ -734,7 +667,6 @@ def mx_gemm(
         **geo,
         USE_PDL=pdl,
         K_STEPS=cfg.k_steps,
-        FP8_MMA=cfg.fp8,
         **pdl_launch_options(pdl),
     )
     return out
