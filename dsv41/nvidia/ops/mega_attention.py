@@ -159,7 +159,7 @@ def _prefetch_records_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, co
     """Ask the L2 for the records of keys ``k_start .. k_start + N`` of a key-table row (16-B
     aligned data rows only): one bulk prefetch a data row, and the fp8_ds_mla scale row's line.
     The split's loop then reads each block after the first from L2, not HBM, so its blocks'
-    memory latencies overlap instead of adding up. Nothing is read into registers, and an
+    memory latencies overlap instead of adding up. No record is read into registers, and an
     invalid entry prefetches nothing."""
     kk = k_start + tl.arange(0, N_PAD)  # N_PAD: a power of two >= N
     entries = tl.load(table_row + kk, mask=(kk < KEYS) & (kk < k_start + N), other=-1)
