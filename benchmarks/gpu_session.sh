@@ -4,13 +4,13 @@
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
-# s10f s10g s11 s11b s11c s11d s11e s11f s11g trace ncu all (default all).
+# s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
-# s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g: session 11's calls 1 to 6 (s11f prepared, not run).
+# s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f prepared, not run).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -519,4 +519,14 @@ if [ "$what" = s11g ]; then
     tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 200 2>&1 \
     | tail -4
   for tp in 4 2; do ab DSV41_FP8_MMA "1 0" --backend nvidia --tp $tp --tokens 2,4,8,16,32,48; done
+fi
+if [ "$what" = s11h ]; then
+  # Session 11, call 7 (the last 4 minutes of device time): the score dot in 4 segments of the
+  # 512 dims (DSV41_ATTN_QK_SPLIT=4) against one, at tp 4; then the GPU tests with it, as far
+  # as the time goes.
+  ab DSV41_ATTN_QK_SPLIT "4 1" --backend nvidia --tp 4 --tokens 1,4,16,48
+  DSV41_ATTN_QK_SPLIT=4 timeout 90 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_mega_attention_gpu.py --timeout 80 2>&1 | tail -3
+  DSV41_ATTN_QK_SPLIT=4 timeout 100 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py --timeout 90 2>&1 | tail -3
 fi

@@ -355,3 +355,17 @@ def test_record_prefetch_compiles_for_sm90(fmt):
     assert on["size"] == (["576"] if fmt == "fp8_ds_mla" else ["528"]), on
     assert on["line"] == (1 if fmt == "fp8_ds_mla" else 0), on
     assert off["bulk"] == 0 and off["line"] == 0, off
+
+
+@pytest.mark.parametrize("segments", [2, 8])
+def test_score_dot_in_segments_matches_the_reference(segments, monkeypatch) -> None:
+    """The score dot cut into segments of the 512 dims (``DSV41_ATTN_QK_SPLIT``), split keys and
+    one split: the reference's seams; a count other than 1, 2, 4 or 8 is refused."""
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_ds_mla")
+    want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
+    monkeypatch.setenv("DSV41_ATTN_QK_SPLIT", str(segments))
+    for splits in (1, 3):
+        _assert_matches(_run(layer, sc, q_fused, splits=splits), want)
+    monkeypatch.setenv("DSV41_ATTN_QK_SPLIT", "3")
+    with pytest.raises(ValueError, match="DSV41_ATTN_QK_SPLIT: expected 1, 2, 4 or 8, got '3'"):
+        _run(layer, sc, q_fused, splits=1)

@@ -183,6 +183,29 @@ def _prefetch_records_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, co
         )  # fmt: skip
 
 
+@triton.jit
+def _scores_tl(q, k, SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):
+    """``q [HT, 512] . k [BK, 512]^T`` -> fp32 ``[HT, BK]``. With ``SPLIT`` > 1 the 512 dims are
+    cut into SPLIT segments, one batch of a batched dot each, summed after: a warp then runs
+    SPLIT independent chains of MMAs over 512 / SPLIT dims instead of one chain over 512."""
+    if SPLIT == 1:
+        if DOT_BF16:
+            s = tl.dot(q, tl.trans(k))
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        HT: tl.constexpr = q.shape[0]
+        BK: tl.constexpr = k.shape[0]
+        SEG: tl.constexpr = q.shape[1] // SPLIT
+        q3 = tl.permute(tl.reshape(q, (HT, SPLIT, SEG)), (1, 0, 2))
+        k3 = tl.permute(tl.reshape(k, (BK, SPLIT, SEG)), (1, 2, 0))
+        if DOT_BF16:
+            s = tl.sum(tl.dot(q3, k3), axis=0)
+        else:
+            s = tl.sum(tl.dot(q3, k3, input_precision="ieee"), axis=0)
+    return s
+
+
 @triton.jit(do_not_specialize=["window_slots", "compressed_slots", "max_pos"])
 def mega_attention_kernel(
     q_ptr, pos_ptr, table_ptr, win_ptr, comp_ptr, sink_ptr, cos_ptr, sin_ptr,
@@ -192,7 +215,7 @@ def mega_attention_kernel(
     WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -244,9 +267,7 @@ def mega_attention_kernel(
                                      ALIGNED)  # fmt: skip
         if DOT_BF16:
             k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        s = _scores_tl(q, k, QK_SPLIT, DOT_BF16)
         s = tl.where(valid[None, :], s * qk_scale, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # no key yet: keep exp2 finite
@@ -326,6 +347,12 @@ def prefetch_records() -> bool:
     """Whether a split of several key blocks asks the L2 for its records before its loop:
     ``DSV41_ATTN_PREFETCH`` (1 or 0), on by default; never under the interpreter (no L2)."""
     return env_flag("DSV41_ATTN_PREFETCH", True) and not interpreting()
+
+
+def score_segments() -> int:
+    """Segments of the 512 dims the score dot is cut into (``_scores_tl``): ``DSV41_ATTN_QK_SPLIT``
+    (1, 2, 4 or 8) when set, else 1."""
+    return env_int("DSV41_ATTN_QK_SPLIT", 1, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
 
 
 def programs_per_sm(tiles: int) -> int:
@@ -482,7 +509,7 @@ def mega_attention(
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
-        SPLIT_PAD=triton.next_power_of_2(keys_per_split),
+        SPLIT_PAD=triton.next_power_of_2(keys_per_split), QK_SPLIT=score_segments(),
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
