@@ -31,6 +31,7 @@ from dsv41.nvidia.ops.mega_attention import (
     attention_splits,
     mega_attention,
     prefetch_records,
+    score_segments,
 )
 
 FORMATS = ("fp8_ds_mla", "fp8_mx")
@@ -357,10 +358,13 @@ def test_record_prefetch_compiles_for_sm90(fmt):
     assert off["bulk"] == 0 and off["line"] == 0, off
 
 
-@pytest.mark.parametrize("segments", [2, 8])
+@pytest.mark.parametrize("segments", [1, 2, 8])
 def test_score_dot_in_segments_matches_the_reference(segments, monkeypatch) -> None:
-    """The score dot cut into segments of the 512 dims (``DSV41_ATTN_QK_SPLIT``), split keys and
-    one split: the reference's seams; a count other than 1, 2, 4 or 8 is refused."""
+    """The score dot cut into segments of the 512 dims (``DSV41_ATTN_QK_SPLIT``; by default 4 up
+    to 16 (token, head tile) pairs, 1 above, as measured), split keys and one split: the
+    reference's seams; a count other than 1, 2, 4 or 8 is refused."""
+    monkeypatch.delenv("DSV41_ATTN_QK_SPLIT", raising=False)
+    assert [score_segments(t) for t in (1, 16, 17, 96)] == [4, 4, 1, 1]
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_ds_mla")
     want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
     monkeypatch.setenv("DSV41_ATTN_QK_SPLIT", str(segments))

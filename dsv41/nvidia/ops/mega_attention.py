@@ -52,7 +52,7 @@ from dsv41.common.kv_records_tl import (
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
-from dsv41.nvidia.ops.mx_gemm import interpreting, sm_count
+from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
@@ -76,6 +76,14 @@ PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
 # 11: tp 4, M = 32 / 48: 108.3 / 161.4 us against 94.2 / 136.0; tp 2: 167.9 / 233.4 against
 # 140.8 / 192.4).
 ATTN_WARPS = 4
+# The score dot [16 heads, 512] x [512, 16 keys] is one chain of 32 dependent MMAs a warp; in 4
+# segments of 128 dims (a batched dot, summed after) it is 4 short chains, and on SM90 (Triton
+# 3.6, 80-key splits) 940 SASS instructions a warp and key block instead of 1,073, 7 barriers
+# instead of 12. H200, session 11, tp 4, us a step against one segment: M = 1: 36.0 / 37.7;
+# M = 4: 60.6 / 60.5; M = 16: 71.0 / 71.8; M = 48 (48 pairs): 140.3 / 136.6. So 4 segments up to
+# 16 (token, head tile) pairs, one above (tp 2 was not timed).
+QK_SEGMENTS = 4
+QK_SEGMENTS_TILES = 16
 LOG2_E = math.log2(math.e)
 
 _HEAD_DIM = tl.constexpr(HEAD_DIM)
@@ -349,10 +357,14 @@ def prefetch_records() -> bool:
     return env_flag("DSV41_ATTN_PREFETCH", True) and not interpreting()
 
 
-def score_segments() -> int:
-    """Segments of the 512 dims the score dot is cut into (``_scores_tl``): ``DSV41_ATTN_QK_SPLIT``
-    (1, 2, 4 or 8) when set, else 1."""
-    return env_int("DSV41_ATTN_QK_SPLIT", 1, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
+def score_segments(tiles: int) -> int:
+    """Segments of the 512 dims the score dot is cut into (``_scores_tl``) for ``tiles`` (token,
+    head tile) pairs: ``DSV41_ATTN_QK_SPLIT`` (1, 2, 4 or 8) when set, else ``QK_SEGMENTS`` up to
+    ``QK_SEGMENTS_TILES`` pairs and 1 above."""
+    forced = env_int("DSV41_ATTN_QK_SPLIT", None, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
+    if forced is not None:
+        return forced
+    return QK_SEGMENTS if tiles <= QK_SEGMENTS_TILES else 1
 
 
 def programs_per_sm(tiles: int) -> int:
@@ -509,7 +521,8 @@ def mega_attention(
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
-        SPLIT_PAD=triton.next_power_of_2(keys_per_split), QK_SPLIT=score_segments(),
+        SPLIT_PAD=triton.next_power_of_2(keys_per_split),
+        QK_SPLIT=score_segments(bucket_for(tokens) * -(-heads // HEAD_TILE)),
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
