@@ -441,10 +441,11 @@ if [ "$what" = s11 ]; then
   wait
   for f in mono_tp2 mono_tp4 nvidia; do echo "== $f"; tail -3 "$OUT/$f.log"; done
 fi
-if [ "$what" = s11b ]; then
-  # Session 11, call 2 (about 7 minutes): kv's norm, RoPE and insert in wq_b's launch at one
-  # token (DSV41_KV_IN_WQB=1, the default) against the norm kernel on a side stream (0): nvidia's
-  # GPU tests, A/B at M = 1 (tp 4 twice, tp 2), the step cut after each launch with each.
+# Session 11, calls 2 and 3 (about 5 minutes): kv's norm, RoPE and insert in wq_b's launch at one
+# token (DSV41_KV_IN_WQB=1, then the default) against the norm kernel on a side stream (0):
+# nvidia's GPU tests, A/B at M = 1 (tp 4 twice, tp 2), the step cut after each launch with each.
+# (The switch was removed after call 3.)
+kv_tail_ab() {
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 400 2>&1 | tail -3
   for r in 1 2; do ab DSV41_KV_IN_WQB "1 0" --backend nvidia --tp 4 --tokens 1; done
@@ -453,18 +454,14 @@ if [ "$what" = s11b ]; then
     DSV41_KV_IN_WQB=$v timeout 150 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --chain \
       2>&1 | tail -7 | sed "s/^/KV_IN_WQB=$v /"
   done
+}
+if [ "$what" = s11b ]; then
+  kv_tail_ab
 fi
 if [ "$what" = s11c ]; then
   # Session 11, call 3 (about 7 minutes): s11b again (its kernels now compile on Triton 3.6), and
   # the CUDA-core loop at 2 and 4 tokens with a program a token row (DSV41_GEMV_ROWS=1) and PDL.
-  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
-    tests/gpu/test_mega_attention_gpu.py --timeout 400 2>&1 | tail -3
-  for r in 1 2; do ab DSV41_KV_IN_WQB "1 0" --backend nvidia --tp 4 --tokens 1; done
-  ab DSV41_KV_IN_WQB "1 0" --backend nvidia --tp 2 --tokens 1
-  for v in 1 0; do
-    DSV41_KV_IN_WQB=$v timeout 150 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --chain \
-      2>&1 | tail -7 | sed "s/^/KV_IN_WQB=$v /"
-  done
+  kv_tail_ab
   for tp in 4 2; do
     b --backend nvidia --tp $tp --tokens 2,4 | sed "s/^/tp $tp default: /"
     DSV41_GEMV_MAX_M=4 DSV41_GEMV_ROWS=1 DSV41_PDL=1 b --backend nvidia --tp $tp --tokens 2,4 \
@@ -483,7 +480,7 @@ if [ "$what" = s11e ]; then
   # Session 11, call 5 (about 7 minutes): attention programs of 8 warps (DSV41_ATTN_WARPS=8):
   # nvidia's GPU tests with them, A/B against 4 at every M and both shares (the default tree's
   # nvidia tables), the step cut after each launch at tp 4, M = 2, and attention's counters
-  # at tp 4, M = 16 (4 warps).
+  # at tp 4, M = 16 (4 warps). (The warps switch was removed after the call.)
   DSV41_ATTN_WARPS=8 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 400 2>&1 | tail -3
   for tp in 4 2; do
@@ -514,7 +511,8 @@ if [ "$what" = s11f ]; then
 fi
 if [ "$what" = s11g ]; then
   # Session 11, call 7 (about 6 minutes): the MMA loop on e4m3 tensor cores, weight rows as the
-  # MMA's M (DSV41_FP8_MMA=1): nvidia's GPU tests with it, then A/B at 2 to 48 tokens.
+  # MMA's M (DSV41_FP8_MMA=1): nvidia's GPU tests with it, then A/B at 2 to 48 tokens. (The
+  # loop and its switch were removed after the call.)
   DSV41_FP8_MMA=1 timeout 220 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 200 2>&1 \
     | tail -4
