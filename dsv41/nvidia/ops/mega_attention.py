@@ -40,7 +40,7 @@ import triton.language as tl
 
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE
-from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
+from dsv41.common.kv_cache import FP8_DS_MLA, FP8_MX, KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import (
     FMT_DS_MLA,
     data_rows_aligned,
@@ -85,6 +85,17 @@ ATTN_WARPS = 4
 QK_SEGMENTS = 4
 QK_SEGMENTS_TILES = 16
 LOG2_E = math.log2(math.e)
+# The record prefetch (``_prefetch_records_tl``), a predicated PTX bulk prefetch to L2 of a record's
+# contiguous bytes: fp8_ds_mla's 576-B data row (and its scale row's line), fp8_mx's 528-B record.
+_PREFETCH_DS_MLA = tl.constexpr(
+    "{ .reg .pred p; setp.ne.s32 p, $3, 0; "
+    f"@p cp.async.bulk.prefetch.L2.global [$1], {FP8_DS_MLA.data_bytes}; "
+    "@p prefetch.global.L2 [$2]; mov.b32 $0, 0; }"
+)
+_PREFETCH_MX = tl.constexpr(
+    "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
+    f"@p cp.async.bulk.prefetch.L2.global [$1], {FP8_MX.record_bytes}; mov.b32 $0, 0; }}"
+)
 
 _HEAD_DIM = tl.constexpr(HEAD_DIM)
 _NOPE = tl.constexpr(NOPE_DIM)  # 448
@@ -176,17 +187,14 @@ def _prefetch_records_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, co
     comp_data, comp_codes = record_offsets_tl(slots, COMP_BLOCK, FMT)
     data = tl.where(is_comp, comp_ptr + comp_data, win_ptr + win_data).to(tl.int64)
     codes = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes).to(tl.int64)
-    if FMT == FMT_DS_MLA:  # 576 data bytes, then the 8-B scale row elsewhere in the page
+    if FMT == FMT_DS_MLA:  # the data row, then the 8-B scale row elsewhere in the page
         tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $3, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], 576; @p prefetch.global.L2 [$2]; "
-            "mov.b32 $0, 0; }",
+            _PREFETCH_DS_MLA,
             "=r,l,l,r", [data, codes, valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
         )  # fmt: skip
-    else:  # 528 contiguous bytes: values, then codes
+    else:  # the whole record: values, then codes
         tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], 528; mov.b32 $0, 0; }",
+            _PREFETCH_MX,
             "=r,l,r", [data, valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
         )  # fmt: skip
 
