@@ -153,13 +153,13 @@ def _epilogue_tl(
 
 
 @triton.jit
-def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
-                  KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
-                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
-                  ALIGNED: tl.constexpr):  # fmt: skip
-    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
-    kk = k0 + tl.arange(0, BK)
-    entries = tl.load(table_row + kk, mask=kk < KEYS, other=-1)
+def _record_ptrs_tl(table_row, kk, live, win_ptr, comp_ptr, window_slots, compressed_slots,
+                    FMT: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr,
+                    ALIGNED: tl.constexpr):  # fmt: skip
+    """The records of key-table entries ``kk`` (read where ``live``): uint8 pointers to each
+    one's data row (16-B aligned when ``ALIGNED``) and scale codes, in the compressed or the
+    window cache, and which are valid."""
+    entries = tl.load(table_row + kk, mask=live, other=-1)
     is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
     win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
     comp_data, comp_codes = record_offsets_tl(slots, COMP_BLOCK, FMT)
@@ -167,6 +167,19 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
     if ALIGNED:  # every data row starts 16-B aligned in both caches: 16-B loads
         data_ptrs = tl.multiple_of(data_ptrs, 16)
     code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
+    return data_ptrs, code_ptrs, valid
+
+
+@triton.jit
+def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
+                  KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
+                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
+                  ALIGNED: tl.constexpr):  # fmt: skip
+    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
+    kk = k0 + tl.arange(0, BK)
+    data_ptrs, code_ptrs, valid = _record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
+                                                  window_slots, compressed_slots, FMT, WIN_BLOCK,
+                                                  COMP_BLOCK, ALIGNED)  # fmt: skip
     return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
 
 
@@ -181,21 +194,19 @@ def _prefetch_records_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, co
     memory latencies overlap instead of adding up. No record is read into registers, and an
     invalid entry prefetches nothing."""
     kk = k_start + tl.arange(0, N_PAD)  # N_PAD: a power of two >= N
-    entries = tl.load(table_row + kk, mask=(kk < KEYS) & (kk < k_start + N), other=-1)
-    is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
-    win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
-    comp_data, comp_codes = record_offsets_tl(slots, COMP_BLOCK, FMT)
-    data = tl.where(is_comp, comp_ptr + comp_data, win_ptr + win_data).to(tl.int64)
-    codes = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes).to(tl.int64)
+    data, codes, valid = _record_ptrs_tl(table_row, kk, (kk < KEYS) & (kk < k_start + N), win_ptr,
+                                         comp_ptr, window_slots, compressed_slots, FMT, WIN_BLOCK,
+                                         COMP_BLOCK, True)  # fmt: skip
     if FMT == FMT_DS_MLA:  # the data row, then the 8-B scale row elsewhere in the page
         tl.inline_asm_elementwise(
-            _PREFETCH_DS_MLA,
-            "=r,l,l,r", [data, codes, valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+            _PREFETCH_DS_MLA, "=r,l,l,r",
+            [data.to(tl.int64), codes.to(tl.int64), valid.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1,
         )  # fmt: skip
     else:  # the whole record: values, then codes
         tl.inline_asm_elementwise(
-            _PREFETCH_MX,
-            "=r,l,r", [data, valid.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+            _PREFETCH_MX, "=r,l,r", [data.to(tl.int64), valid.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1,
         )  # fmt: skip
 
 
@@ -385,10 +396,16 @@ def programs_per_sm(tiles: int) -> int:
     return next(per_sm for most, per_sm in PROGRAM_TIERS if most is None or tiles <= most)
 
 
+def head_tile_pairs(tokens: int, heads: int) -> int:
+    """(token, head tile) pairs of ``tokens`` tokens over ``heads`` heads: the programs an
+    attention launch has before its keys are split."""
+    return tokens * -(-heads // HEAD_TILE)
+
+
 def attention_splits(tokens: int, heads: int, keys: int, sms: int) -> tuple[int, int]:
     """``(splits, keys_per_split)``: split the keys (in ``KEY_BLOCK`` steps) until the attention
     launch has ``programs_per_sm`` programs a SM (1 split once the tokens alone fill the GPU)."""
-    tiles = tokens * -(-heads // HEAD_TILE)
+    tiles = head_tile_pairs(tokens, heads)
     blocks = max(1, -(-keys // KEY_BLOCK))
     wanted = min(blocks, max(1, -(-programs_per_sm(tiles) * sms // tiles)))
     return _even_splits(keys, wanted)
@@ -505,7 +522,7 @@ def mega_attention(
         raise ValueError(
             f"splits: expected 1 .. {blocks} (blocks of {KEY_BLOCK} keys), got {splits}"
         )
-    tiles = tokens * -(-heads // HEAD_TILE)
+    tiles = head_tile_pairs(tokens, heads)
     xo = torch.empty(tokens, heads * HEAD_DIM, dtype=E4M3, device=device)
     xo_codes = torch.empty(tokens, heads * HEAD_DIM // MX_BLOCK, dtype=torch.uint8, device=device)
     lse = torch.empty(tokens, heads, dtype=torch.float32, device=device)
@@ -530,7 +547,7 @@ def mega_attention(
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
-        QK_SPLIT=score_segments(bucket_for(tokens) * -(-heads // HEAD_TILE)),
+        QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
