@@ -4,13 +4,14 @@
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
-# s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h trace ncu all (default all).
+# s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
-# s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f prepared, not run).
+# s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
+# prepared, not run); s12: session 12's calls.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -527,4 +528,19 @@ if [ "$what" = s11h ]; then
     tests/gpu/test_mega_attention_gpu.py --timeout 80 2>&1 | tail -3
   DSV41_ATTN_QK_SPLIT=4 timeout 100 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_nvidia_step_gpu.py --timeout 90 2>&1 | tail -3
+fi
+if [ "$what" = s12 ]; then
+  # Session 12, call 1 (about 7 minutes): mono's one-token GEMV tasks whole, every weight word in
+  # flight before the wait (DSV41_MONO_GEMV_WHOLE, a task's most weight bytes) against streamed
+  # K blocks (0): A/B at M = 1, both shares; the trace at tp 4, M = 1, with each; mono's tp 4 GPU
+  # tests with the new default.
+  ab DSV41_MONO_GEMV_WHOLE "40960 0 32768 65536" --backend mono --tp 4 --tokens 1
+  ab DSV41_MONO_GEMV_WHOLE "40960 0" --backend mono --tp 4 --tokens 1
+  ab DSV41_MONO_GEMV_WHOLE "40960 0" --backend mono --tp 2 --tokens 1
+  for v in 40960 0; do
+    DSV41_MONO_GEMV_WHOLE=$v timeout 100 python3 benchmarks/mono_trace.py --tp 4 --tokens 1 2>&1 \
+      | tail -14 | sed "s/^/WHOLE=$v /"
+  done
+  timeout 220 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py -k tp4 \
+    --timeout 200 2>&1 | tail -4
 fi
