@@ -533,7 +533,7 @@ if [ "$what" = s12 ]; then
   # Session 12, call 1 (about 7 minutes): mono's one-token GEMV tasks whole, every weight word in
   # flight before the wait (DSV41_MONO_GEMV_WHOLE, a task's most weight bytes) against streamed
   # K blocks (0): A/B at M = 1, both shares; the trace at tp 4, M = 1, with each; mono's tp 4 GPU
-  # tests with the new default.
+  # tests with the new default. (Slower at every size; the switch was removed after the call.)
   ab DSV41_MONO_GEMV_WHOLE "40960 0 32768 65536" --backend mono --tp 4 --tokens 1
   ab DSV41_MONO_GEMV_WHOLE "40960 0" --backend mono --tp 4 --tokens 1
   ab DSV41_MONO_GEMV_WHOLE "40960 0" --backend mono --tp 2 --tokens 1

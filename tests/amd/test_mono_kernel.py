@@ -123,23 +123,19 @@ def _against_executor_and_reference(
     return runner
 
 
-@pytest.mark.parametrize("tokens, cores, words, whole", [(1, True, False, 0), (1, True, True, 0),
-                                                        (1, True, True, 40960), (5, False, False, 0)])
-def test_partial_last_k_block(tokens: int, cores: bool, words: bool, whole: int, tiny_layer,
-                              run_mono, run_reference, monkeypatch) -> None:
+@pytest.mark.parametrize("tokens, cores, words", [(1, True, False), (1, True, True),
+                                                 (5, False, False)])
+def test_partial_last_k_block(tokens: int, cores: bool, words: bool, tiny_layer, run_mono,
+                              run_reference, monkeypatch) -> None:
     """q_rank 160: wq_b's K runs in one block of 256 whose last 96 columns are masked (at the
     flash geometry 1280 runs in 512, 512, 256), on CUDA cores (weights as values or as words)
-    and on tensor cores; or, whole (DSV41_MONO_GEMV_WHOLE), as one task of two pieces, 128 and
-    32 columns (at the flash geometry 1024 and 256)."""
+    and on tensor cores."""
     monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
     monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", str(int(words)))
-    monkeypatch.setenv("DSV41_MONO_GEMV_WHOLE", str(whole))
     lw = tiny_layer(4, 1, q_rank=160)
     sc = make_scenario(lw.dims, 1, tokens, seed=11)
     runner = MonoRunner(lw, tokens)
-    tiling = runner.plan.tiling
-    assert tiling["BK_QR"] == 256 and tiling["GEMV_WORDS"] == words
-    assert tiling["GEMV_WHOLE_BYTES"] == whole
+    assert runner.plan.tiling["BK_QR"] == 256 and runner.plan.tiling["GEMV_WORDS"] == words
     got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
     assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
 

@@ -305,50 +305,14 @@ def _by_weight(v, TB: tl.constexpr):
 
 
 @triton.jit
-def _word_products(w, ws, aw, a_s, ROWS: tl.constexpr, BLOCKS: tl.constexpr, TB: tl.constexpr,
-                   PTX: tl.constexpr):  # fmt: skip
-    """Each weight word's four products with the token's activation word, summed, times both
-    E8M0 scales: the ``[TB, ROWS, words]`` lanes (one token: ``[ROWS, words]``) of one block."""
-    a_scale = _by_token(_per_word(e8m0_scale_tl(a_s.to(tl.int32)), TB, BLOCKS), TB)
-    a0, a1, a2, a3 = _e4m3_words(_by_token(aw, TB), PTX)
-    v0, v1, v2, v3 = _e4m3_words(_by_weight(w, TB), PTX)
-    w_scale = _by_weight(_per_word(e8m0_scale_tl(ws.to(tl.int32)), ROWS, BLOCKS), TB)
-    return (v0 * a0 + v1 * a1 + v2 * a2 + v3 * a3) * (w_scale * a_scale)
-
-
-@triton.jit
-def _gemv_whole(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr, seen, tag,
-                spin_limit, ctl_ptr, ticket, K: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
-    """One token's ``_gemv_words`` with the whole task in flight at once: K in at most two
-    power-of-two pieces (``K - tail`` and ``tail = K & -K``), every weight word loaded before
-    the wait and the whole activation row right after it, so the task pays one round trip of
-    each, not one a K block. Returns ``(acc [1, len(rows)], ok)``."""
-    ROWS: tl.constexpr = rows.shape[0]
-    TAIL: tl.constexpr = K & -K
-    MAIN: tl.constexpr = K - TAIL
-    tl.static_assert(MAIN & (MAIN - 1) == 0, "a whole GEMV task: K is two powers of two")
-    if MAIN > 0:
-        w0, ws0 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 0, K, MAIN)
-    w1, ws1 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, MAIN, K, TAIL)
-    ok = ticket >= 0
-    if box_ptr.to(tl.int64) != seen:
-        ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
-    if MAIN > 0:
-        aw0, as0 = _act_words(a_ptr, as_ptr, 0, 1, 0, K, MAIN, 1)
-    aw1, as1 = _act_words(a_ptr, as_ptr, 0, 1, MAIN, K, TAIL, 1)
-    acc = tl.sum(_word_products(w1, ws1, aw1, as1, ROWS, TAIL // MX, 1, PTX), axis=1)
-    if MAIN > 0:
-        acc += tl.sum(_word_products(w0, ws0, aw0, as0, ROWS, MAIN // MX, 1, PTX), axis=1)
-    return acc[None, :], ok
-
-
-@triton.jit
-def _gemv_stream(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
-                 seen, tag, spin_limit, ctl_ptr, ticket, TB: tl.constexpr, K: tl.constexpr,
-                 BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
-    """``_gemv_words`` block by block: the weights three K blocks ahead (the first three before
-    the wait), the activations one block ahead; each block's products added to the (token,
-    word) lanes, which are summed once, after the loop."""
+def _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
+                seen, tag, spin_limit, ctl_ptr, ticket, TB: tl.constexpr, K: tl.constexpr,
+                BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """``_gemv`` of TB token rows (S live) on CUDA cores for the weight rows ``rows`` with the
+    weights in flight as int32 words (``_weight_words``; three blocks ahead, the first three
+    before the wait) and the activations one block ahead: each word's four products summed,
+    times both scales, added to the (token, word) lane; the lanes summed once, after the loop.
+    Returns ``(acc [TB, len(rows)], ok)``."""
     ROWS: tl.constexpr = rows.shape[0]
     BLOCKS: tl.constexpr = BK // MX
     w0, ws0 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 0, K, BK)
@@ -360,14 +324,15 @@ def _gemv_stream(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_s
     aw, a_s = _act_words(a_ptr, as_ptr, a_stride, S, 0, K, BK, TB)
     lanes = tl.zeros((TB, ROWS, BK // 4) if TB > 1 else (ROWS, BK // 4), tl.float32)
     for k0 in range(0, K, BK):
-        aw_next, as_next = _act_words(a_ptr, as_ptr, a_stride, S, k0 + BK, K, BK, TB)
-        w_next, ws_next = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0 + 3 * BK, K,
-                                        BK)  # fmt: skip
-        lanes += _word_products(w0, ws0, aw, a_s, ROWS, BLOCKS, TB, PTX)
-        aw, a_s = aw_next, as_next
+        a_scale = _by_token(_per_word(e8m0_scale_tl(a_s.to(tl.int32)), TB, BLOCKS), TB)
+        a0, a1, a2, a3 = _e4m3_words(_by_token(aw, TB), PTX)
+        aw, a_s = _act_words(a_ptr, as_ptr, a_stride, S, k0 + BK, K, BK, TB)
+        v0, v1, v2, v3 = _e4m3_words(_by_weight(w0, TB), PTX)
+        w_scale = _by_weight(_per_word(e8m0_scale_tl(ws0.to(tl.int32)), ROWS, BLOCKS), TB)
         w0, ws0 = w1, ws1
         w1, ws1 = w2, ws2
-        w2, ws2 = w_next, ws_next
+        w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0 + 3 * BK, K, BK)
+        lanes += (v0 * a0 + v1 * a1 + v2 * a2 + v3 * a3) * (w_scale * a_scale)
     if TB > 1:
         acc = tl.sum(lanes, axis=2)
     else:
@@ -376,36 +341,16 @@ def _gemv_stream(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_s
 
 
 @triton.jit
-def _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
-                seen, tag, spin_limit, ctl_ptr, ticket, TB: tl.constexpr, K: tl.constexpr,
-                BK: tl.constexpr, PTX: tl.constexpr, WHOLE_BYTES: tl.constexpr):  # fmt: skip
-    """``_gemv`` of TB token rows (S live) on CUDA cores for the weight rows ``rows``, the
-    weights in flight as int32 words (``_weight_words``): one token's task of at most
-    ``WHOLE_BYTES`` weight bytes all at once (``_gemv_whole``), else streamed K block by K
-    block (``_gemv_stream``). Returns ``(acc [TB, len(rows)], ok)``."""
-    WHOLE: tl.constexpr = TB == 1 and rows.shape[0] * K <= WHOLE_BYTES
-    if WHOLE:
-        acc, ok = _gemv_whole(a_ptr, as_ptr, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
-                              seen, tag, spin_limit, ctl_ptr, ticket, K, PTX)  # fmt: skip
-    else:
-        acc, ok = _gemv_stream(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride,
-                               ws_stride, box_ptr, seen, tag, spin_limit, ctl_ptr, ticket, TB, K,
-                               BK, PTX)  # fmt: skip
-    return acc, ok
-
-
-@triton.jit
 def _gemv_pair(a_ptr, as_ptr, w_ptr, ws_ptr, row_a, row_b, w_stride, ws_stride, box_ptr, seen,
                tag, spin_limit, ctl_ptr, ticket, ROWS: tl.constexpr, K: tl.constexpr,
-               BK: tl.constexpr, PTX: tl.constexpr, WHOLE_BYTES: tl.constexpr):  # fmt: skip
+               BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
     """Two one-token GEMV tasks of a stage at once, weight rows ``row_a ..`` and ``row_b ..``
     (ROWS each) against the same activation: ``_gemv_words`` over both tasks' rows, so both
     tasks' weights are in flight before the one wait. Returns ``(acc_a, acc_b, ok)``."""
     r = tl.arange(0, 2 * ROWS)
     rows = tl.where(r < ROWS, row_a + r, row_b + r - ROWS)
     acc, ok = _gemv_words(a_ptr, as_ptr, 0, 1, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
-                          seen, tag, spin_limit, ctl_ptr, ticket, 1, K, BK, PTX,
-                          WHOLE_BYTES)  # fmt: skip
+                          seen, tag, spin_limit, ctl_ptr, ticket, 1, K, BK, PTX)  # fmt: skip
     halves = tl.reshape(acc, (2, ROWS))
     first = (tl.arange(0, 2) == 0)[:, None]
     acc_a = tl.sum(tl.where(first, halves, 0.0), axis=0)[None, :]
@@ -426,7 +371,6 @@ def _gemv(
     box_ptr, seen, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, SPLIT: tl.constexpr,
-    WHOLE_BYTES: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``,
     unless its address is ``seen``: the mailbox this program's previous GEMV task waited on
@@ -450,7 +394,7 @@ def _gemv(
         tl.static_assert(CORES, "weight words: tokens on CUDA cores")
         return _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, tl.arange(0, ROWS), w_stride,
                            ws_stride, box_ptr, seen, tag, spin_limit, ctl_ptr, ticket, TB, K, BK,
-                           PTX, WHOLE_BYTES)  # fmt: skip
+                           PTX)  # fmt: skip
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
     tok = tl.arange(0, TB)
@@ -702,7 +646,7 @@ def _wqkv_task(
     t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag, spin_limit,
     ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
     EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, WHOLE_BYTES: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
@@ -713,7 +657,7 @@ def _wqkv_task(
         x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, WHOLE_BYTES,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
@@ -729,7 +673,7 @@ def _wqb_task(
     S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
     BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, WHOLE_BYTES: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
@@ -737,7 +681,7 @@ def _wqb_task(
         qx8_ptr, qx8s_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, WHOLE_BYTES,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
     _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE, HEADS,
              TB)  # fmt: skip
@@ -749,12 +693,12 @@ def _wqb_pair(
     t, i, i2, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr,
     rope_rows, S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, BK: tl.constexpr,
-    PTX: tl.constexpr, WHOLE_BYTES: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """wq_b tasks ``i`` and ``i2`` of one token at once (``_gemv_pair``)."""
     acc, acc2, ok = _gemv_pair(qx8_ptr, qx8s_ptr, w_ptr, ws_ptr, i * WQB_ROWS, i2 * WQB_ROWS,
                                Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-                               WQB_ROWS, Q_RANK, BK, PTX, WHOLE_BYTES)  # fmt: skip
+                               WQB_ROWS, Q_RANK, BK, PTX)  # fmt: skip
     _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE, HEADS,
              1)  # fmt: skip
     _wqb_out(i2, acc2, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE,
@@ -789,7 +733,7 @@ def _woa_task(
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
     PARTS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, WHOLE_BYTES: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """wo_a rows ``32 block ..`` of group ``32 block // o_rank``, K part ``part`` of PARTS;
     the block's last part: ``z = bf16(sum of the parts)``, ``x8b = mxfp8(z)``."""
@@ -804,7 +748,7 @@ def _woa_task(
         xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K + part * KP, ws_ptr + row0 * (GROUP_K // MX) + part * (KP // MX),
         GROUP_K, GROUP_K // MX, box, seen, tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, WHOLE_BYTES,
+        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
@@ -835,14 +779,14 @@ def _wob_task(
     t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
     EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, WHOLE_BYTES: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
     acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, WHOLE_BYTES,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT,
     )
     _wob_out(i, acc, y_ptr, S, HIDDEN, TB)
     return ok, ardy_ptr.to(tl.int64)
@@ -852,12 +796,11 @@ def _wob_task(
 def _wob_pair(
     t, i, i2, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, BK: tl.constexpr, PTX: tl.constexpr,
-    WHOLE_BYTES: tl.constexpr,
 ):
     """wo_b tasks ``i`` and ``i2`` of one token at once (``_gemv_pair``)."""
     acc, acc2, ok = _gemv_pair(x8b_ptr, x8bs_ptr, w_ptr, ws_ptr, i * WOB_ROWS, i2 * WOB_ROWS,
                                O_ROWS, O_ROWS // MX, ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-                               WOB_ROWS, O_ROWS, BK, PTX, WHOLE_BYTES)  # fmt: skip
+                               WOB_ROWS, O_ROWS, BK, PTX)  # fmt: skip
     _wob_out(i, acc, y_ptr, S, HIDDEN, 1)
     _wob_out(i2, acc2, y_ptr, S, HIDDEN, 1)
     return ok, ardy_ptr.to(tl.int64)
@@ -914,7 +857,6 @@ def mono_kernel(
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
     MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False,
-    GEMV_WHOLE_BYTES: tl.constexpr = 0,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
@@ -955,7 +897,7 @@ def mono_kernel(
             ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
                                   wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
                                   QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
-                                  MMA_SPLIT, GEMV_WHOLE_BYTES)
+                                 MMA_SPLIT)
         elif t < end_norm:
             ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
             if ok:
@@ -968,12 +910,12 @@ def mono_kernel(
                 ok, seen = _wqb_pair(t, t - end_norm, paired - end_norm, qx8_ptr, qx8s_ptr,
                                      qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr,
                                      rope_rows, S, seen, tag, spin_limit, ctl_ptr, Q_RANK, NOPE,
-                                     HEADS, BK_QR, CVT_PTX, GEMV_WHOLE_BYTES)
+                                     HEADS, BK_QR, CVT_PTX)
             else:
                 ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr,
                                      wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, seen, tag,
                                      spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT,
-                                     GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT, GEMV_WHOLE_BYTES)
+                                     GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT)
         elif t < end_attn:
             i = t - end_wqb
             s = i // (HEAD_TILES * CHUNKS)
@@ -1000,17 +942,16 @@ def mono_kernel(
                                  wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr,
                                  S, cap, seen, tag, spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K,
                                  O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES, GEMV_WORDS,
-                                 CVT_PTX, MMA_SPLIT, GEMV_WHOLE_BYTES)
+                                 CVT_PTX, MMA_SPLIT)
         else:
             if pair:
                 ok, seen = _wob_pair(t, t - end_woa, paired - end_woa, x8b_ptr, x8bs_ptr,
                                      ardy_ptr, y_ptr, wob_ptr, wob_s_ptr, S, seen, tag, spin_limit,
-                                     ctl_ptr, HIDDEN, O_ROWS, BK_OR, CVT_PTX, GEMV_WHOLE_BYTES)
+                                     ctl_ptr, HIDDEN, O_ROWS, BK_OR, CVT_PTX)
             else:
                 ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
                                      wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS,
-                                     TB, BK_OR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT,
-                                     GEMV_WHOLE_BYTES)
+                                     TB, BK_OR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT)
         if TRACE:
             ended = globaltimer_tl(t)
             _trace(trace_ptr, t, started, ended)

@@ -116,11 +116,6 @@ MMA_SPLIT = 8
 # 72.3 / 103.7 one at a time. Pairs in Wqkv and wo_a too (each task's own activation columns, a
 # tried variant) took 66.1 / 97.6 against 62.9 / 90.1 (spills; attention slowed).
 PAIRS = True
-# A one-token GEMV task of at most WHOLE_TASK_BYTES weight bytes loads its whole weight slab
-# before its wait and its whole activation row after it (kernel.py, _gemv_whole), instead of
-# streaming K blocks; DSV41_MONO_GEMV_WHOLE (bytes, 0: never) overrides it. At 64 KB (64 registers
-# of words a thread at 8 warps) the SM90 compiler spills 532 B at tp 4, S = 1; 40 KB 140 B.
-WHOLE_TASK_BYTES = 40960
 KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
 KEY_SLICE = 32  # keys an attention task holds in registers at once (DSV41_MONO_KEY_SLICE)
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -172,15 +167,6 @@ def gemv_pairs(tokens: int) -> bool:
     the same stage (kernel ``GEMV_PAIRS``, with ``gemv_words`` only): ``DSV41_MONO_PAIRS``
     (1 or 0) when set, else ``PAIRS``."""
     return env_flag("DSV41_MONO_PAIRS", PAIRS) and tokens == 1 and gemv_words(tokens)
-
-
-def gemv_whole_bytes(tokens: int) -> int:
-    """Weight bytes up to which a one-token GEMV task on weight words runs whole (kernel
-    ``GEMV_WHOLE_BYTES``; 0 at other token counts): ``DSV41_MONO_GEMV_WHOLE`` (0 .. 131072, 0:
-    never) when set, else ``WHOLE_TASK_BYTES``."""
-    cap = env_int("DSV41_MONO_GEMV_WHOLE", WHOLE_TASK_BYTES, lambda v: 0 <= v <= 1 << 17,
-                  "bytes 0 .. 131072")  # fmt: skip
-    return cap if tokens == 1 and gemv_words(tokens) else 0
 
 
 def mma_split(tokens: int) -> int | None:
@@ -324,9 +310,8 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b),
-        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS``, ``GEMV_WHOLE_BYTES`` and ``MMA_SPLIT``.
-        Read once (the switches included), so the task tables and the launches built from one
-        plan always agree."""
+        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``. Read once (the switches
+        included), so the task tables and the launches built from one plan always agree."""
         m, d = self.dims.model, self.dims
         blocks = {
             "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
@@ -347,7 +332,6 @@ class Plan:
             "GEMV_CORES": gemv_on_cores(self.tokens),
             "GEMV_WORDS": gemv_words(self.tokens),
             "GEMV_PAIRS": gemv_pairs(self.tokens),
-            "GEMV_WHOLE_BYTES": gemv_whole_bytes(self.tokens),
             "MMA_SPLIT": split,
         }
 
