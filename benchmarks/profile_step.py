@@ -8,7 +8,9 @@ graph that cycles through enough weight copies to miss L2; prints TB/s.
 tokens at each key-table split count, the default marked. ``--chain``: the
 graph-replayed step (``dsv41 bench``'s layers and steps, weights from HBM)
 cut after each of its launches: what each launch adds to the step in the graph,
-overlaps (PDL, the side stream) included.
+overlaps (PDL, the side stream) included. ``--timeline``: the same whole graph replayed
+under the profiler (CUPTI): each kernel of one layer step, its start and end after the end
+of the step before, so PDL's early starts and every kernel's own span show.
 
     python benchmarks/profile_step.py --tp 4 --tokens 1,48 --breakdown --sweep --attn-sweep
 """
@@ -147,6 +149,37 @@ def chain(dims: Dims, tokens: list[int]) -> None:
             setattr(mod, name, real[name])
 
 
+def timeline(dims: Dims, tokens: list[int], replays: int = 6) -> None:
+    from dsv41.bench import capture_graph, graph_layers, graph_scenarios, step_function
+
+    lws = graph_layers(dims, 0)  # the bench's graph: enough layers to miss L2
+    step = step_function("nvidia")
+    for m in tokens:
+        scs = graph_scenarios(dims, lws, m)
+
+        def run(scs=scs):
+            for lw, sc in zip(lws, scs):
+                step(lw, sc)
+
+        graph = capture_graph(run)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
+        kernels = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                         if ev.device_type == torch.autograd.DeviceType.CUDA)  # fmt: skip
+        per_step, rem = divmod(len(kernels), replays * len(lws))
+        if rem or not per_step:
+            print(f"\nM = {m}: {len(kernels)} kernels for {replays} x {len(lws)} steps: no timeline")
+            continue
+        first = (replays // 2 * len(lws) + len(lws) // 2) * per_step  # a step in the middle
+        t0 = max(end for _, end, _ in kernels[first - per_step:first])  # the step before ends
+        print(f"\nM = {m}: one layer step's kernels in the replayed graph, us after the step "
+              f"before ended (start, end, span)")
+        for start, end, name in kernels[first:first + per_step]:
+            print(f"  {start - t0:7.2f} {end - t0:7.2f} {end - start:7.2f}  {name[:48]}")
+
+
 def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
     from dsv41.common.mx import E4M3
     from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, gemm_config, mx_gemm, sm_count
@@ -237,6 +270,7 @@ def main() -> None:
     p.add_argument("--sites", default=None, help="comma-separated GEMM sites to sweep (default all)")
     p.add_argument("--attn-sweep", action="store_true")
     p.add_argument("--chain", action="store_true")
+    p.add_argument("--timeline", action="store_true")
     args = p.parse_args()
     dims = Dims.of(args.config, args.tp)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -248,6 +282,8 @@ def main() -> None:
         attention_sweep(dims, tokens)
     if args.chain:
         chain(dims, tokens)
+    if args.timeline:
+        timeline(dims, tokens)
 
 
 if __name__ == "__main__":

@@ -144,9 +144,9 @@ def time_graph(step, layers, scenarios, replays: int) -> float:
     return replay_seconds(run, replays)
 
 
-def replay_seconds(run, replays: int) -> float:
-    """Median seconds of one replay of a CUDA graph capturing ``run()`` (run once before, on a
-    side stream: compiles and sizes scratch)."""
+def capture_graph(run) -> torch.cuda.CUDAGraph:
+    """A CUDA graph capturing ``run()`` (run once before, on a side stream: compiles and sizes
+    scratch), replayed once."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -158,6 +158,12 @@ def replay_seconds(run, replays: int) -> float:
         run()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def replay_seconds(run, replays: int) -> float:
+    """Median seconds of one replay of a CUDA graph capturing ``run()`` (``capture_graph``)."""
+    graph = capture_graph(run)
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
