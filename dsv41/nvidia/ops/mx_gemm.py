@@ -109,14 +109,16 @@ def _mx_tile(
 
 @triton.jit
 def _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCKS: tl.constexpr):
-    """The CUDA-core loop's weight tile at ``k0``: e4m3 ``[BLOCK_N, BLOCKS, 32]``, its codes
-    ``[BLOCK_N, BLOCKS]`` and the columns ``[BLOCKS, 32]`` it covers."""
+    """The CUDA-core loop's weight tile at ``k0``: e4m3 ``[BLOCKS, BLOCK_N, 32]``, its codes
+    ``[BLOCKS, BLOCK_N]`` and the columns ``[BLOCKS, 32]`` it covers. Blocks outermost: a
+    thread then holds one block's columns of several rows, so a token's activation values
+    are shared by those rows in registers."""
     blk = tl.arange(0, BLOCKS)
     col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]
-    w8 = tl.load(w_ptr + n64[:, None, None] * K + col[None, :, :], mask=n_ok[:, None, None],
+    w8 = tl.load(w_ptr + n64[None, :, None] * K + col[:, None, :], mask=n_ok[None, :, None],
                  other=0.0)  # fmt: skip
-    wc = tl.load(w_codes_ptr + n64[:, None] * (K // _MX) + (blk + k0 // _MX)[None, :],
-                 mask=n_ok[:, None], other=0)  # fmt: skip
+    wc = tl.load(w_codes_ptr + n64[None, :] * (K // _MX) + (blk + k0 // _MX)[:, None],
+                 mask=n_ok[None, :], other=0)  # fmt: skip
     return w8, wc, col
 
 
@@ -252,7 +254,7 @@ def mx_gemm_kernel(
     pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GEMV:
-        # CUDA cores, no MMA: the weight tile [BLOCK_N, blocks, 32] is converted to fp32 once,
+        # CUDA cores, no MMA: the weight tile [blocks, BLOCK_N, 32] is converted to fp32 once,
         # and for each token row every block's 32 products are summed (fp32 FMAs, IEEE), then
         # weighted by the weight's E8M0 scale; the row's MXFP8 value carries its own scale.
         # With K_STEPS > 1 the steps are unrolled (a program's split needs no partial sum
@@ -266,7 +268,7 @@ def mx_gemm_kernel(
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
         if LANES:
-            lanes = tl.zeros((BLOCK_N, BLOCKS, _MX), dtype=tl.float32)
+            lanes = tl.zeros((BLOCKS, BLOCK_N, _MX), dtype=tl.float32)
         for step in tl.static_range(K_STEPS):
             k0 = pid_k * K_SPLIT + step * BLOCK_K
             if step > 0:
@@ -275,7 +277,7 @@ def mx_gemm_kernel(
             if LANES:
                 a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, tl.minimum(pid_m, M - 1), stride_am,
                               stride_acm, group, k0, col, tl.sum(rms), K, BLOCKS, A_MODE)  # fmt: skip
-                lanes += w8.to(tl.float32) * a[None, :, :] * ws[:, :, None]
+                lanes += w8.to(tl.float32) * a[:, None, :] * ws[:, :, None]
             else:
                 wf = w8.to(tl.float32)
                 for r in tl.static_range(BLOCK_M):
@@ -283,10 +285,10 @@ def mx_gemm_kernel(
                     a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group,
                                   k0, col, tl.sum(tl.where(token == r, rms, 0.0)), K, BLOCKS,
                                   A_MODE)  # fmt: skip
-                    dots = tl.sum(tl.sum(wf * a[None, :, :], axis=2) * ws, axis=1)  # [BLOCK_N]
+                    dots = tl.sum(tl.sum(wf * a[:, None, :], axis=2) * ws, axis=0)  # [BLOCK_N]
                     acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
         if LANES:
-            acc += tl.sum(tl.sum(lanes, axis=2), axis=1)[None, :]
+            acc += tl.sum(tl.sum(lanes, axis=2), axis=0)[None, :]
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
