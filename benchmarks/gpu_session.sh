@@ -4,14 +4,14 @@
 # triton, numpy, pyyaml, safetensors). Usage: bash benchmarks/gpu_session.sh MODE, MODE one of
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
-# s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b trace ncu all (default all).
+# s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
 # s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
-# prepared, not run); s12, s12b: session 12's calls.
+# prepared, not run); s12 .. s12c: session 12's calls.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -549,7 +549,8 @@ if [ "$what" = s12b ]; then
   # outermost ([blocks, rows, 32]: a thread holds one block's columns of 4 rows; 48 registers
   # at M = 1 against 64 to 72 on SM90): nvidia's GPU tests with it; A/B against the kernel
   # before it (benchmarks/_s12_ab.py, a file of that call only) at M = 1 and, with the loop and
-  # PDL up to 4 tokens, at M = 2 and 4; then the bench graph's kernel timeline at tp 4.
+  # PDL up to 4 tokens, at M = 2 and 4; then the bench graph's kernel timeline at tp 4. (The
+  # old kernel's runs failed to start: _s12_ab.py did not register its module.)
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 190 2>&1 | tail -4
   old() { timeout 200 python3 benchmarks/_s12_ab.py bench --config dsv41-flash \
@@ -566,4 +567,22 @@ if [ "$what" = s12b ]; then
     b --backend nvidia --tp $tp --tokens 2,4 | sed "s/^/tp $tp default: /"
   done
   timeout 120 python3 benchmarks/profile_step.py --tp 4 --tokens 1,2 --timeline 2>&1 | tail -24
+fi
+if [ "$what" = s12c ]; then
+  # Session 12, call 3 (about 8 minutes): the new defaults (the CUDA-core loop and PDL up to 2
+  # tokens): nvidia's GPU tests; A/B at M = 1 and 2 against the GEMV kernel before the tile
+  # change (benchmarks/_s12_ab.py, now registering its module; a file of this call only), in
+  # the same call; nvidia's tables at both shares; the kernel timeline at tp 4, M = 2.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py --timeout 190 2>&1 | tail -4
+  old() { timeout 200 python3 benchmarks/_s12_ab.py bench --config dsv41-flash \
+    --reference-repeats 1 "$@" 2>&1 | grep -E "^nvidia |Error" | tail -3; }
+  for tp in 4 2; do
+    old --backend nvidia --tp $tp --tokens 1,2 | sed "s/^/tp $tp old: /"
+    b --backend nvidia --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
+      | sed "s/^/tp $tp new: /"
+  done
+  old --backend nvidia --tp 4 --tokens 1 | sed "s/^/tp 4 old again: /"
+  b --backend nvidia --tp 4 --tokens 1 | sed "s/^/tp 4 new again: /"
+  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 2 --timeline 2>&1 | tail -9
 fi

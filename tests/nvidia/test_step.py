@@ -71,9 +71,13 @@ def check_seams(layer, ref, got, ref_cache, got_cache) -> None:
 
 
 @pytest.mark.parametrize(
-    "fmt,m", [("fp8_ds_mla", 1), ("fp8_ds_mla", 5), ("fp8_mx", 1), ("fp8_mx", 5), ("fp8_mx", 48)]
+    "fmt,m",
+    [("fp8_ds_mla", 1), ("fp8_ds_mla", 2), ("fp8_ds_mla", 5), ("fp8_mx", 1), ("fp8_mx", 5),
+     ("fp8_mx", 48)],
 )
 def test_step_matches_reference(layer, fmt, m):
+    """M = 1 and 2 take the CUDA-core GEMV loop (wq_b normalising qr itself), 5 and 48 the
+    MMA loop."""
     sc = make_scenario(layer.dims, LAYER_ID, m, fmt=fmt, seed=m)
     check_seams(layer, *run_both(layer, sc))
 

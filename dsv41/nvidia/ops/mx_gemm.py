@@ -26,7 +26,7 @@ partials in split order and runs the epilogue: bf16 out and, with
 ``QUANT_OUT``, the MXFP8 cast of that bf16 tile (``BLOCK_N`` a multiple of 32).
 Products of MXFP8 values are exact in bf16 and tf32, so the dot runs on bf16
 operands on the GPU and on fp32 operands under the interpreter (whose bf16
-dot is broken); both accumulate in fp32. Buckets up to ``GEMV_MAX_M`` (one token)
+dot is broken); both accumulate in fp32. Buckets up to ``GEMV_MAX_M`` (two tokens)
 take a CUDA-core loop instead (``GEMV``): one weight tile a program, loaded
 before the PDL wait, fp32 FMAs, no MMA tile padded to 16 rows (a config may give
 a program ``k_steps`` tiles along K, unrolled: with ``split_k = 1`` no partial
@@ -80,8 +80,10 @@ O_PROLOGUE_BLOCK_K = 128
 # with one step (wo_b only); 16 KB split-K tiles took 40.3 against 38.6 (8 KB).
 # At M = 2 .. 8 the loop's per-row reductions made it 1.2 to 2.8x slower than the MMA loop
 # (session 3). Session 9, M = 2, with PDL: 55.1 / 54.8 us at tp 4 against 56.9 / 57.3 on the
-# MMA loop without PDL, but 80.4 against 68.9 at tp 2.
-GEMV_MAX_M = 1
+# MMA loop without PDL, but 80.4 against 68.9 at tp 2. Session 12, with the tile's MX blocks
+# outermost (_gemv_tile) and PDL: M = 2 41.6 us at tp 4 and 66.8 at tp 2 against 56.4 and 68.8
+# on the MMA loop; M = 4 65.1 and 99.1 against 60.3 and 71.3.
+GEMV_MAX_M = 2
 GEMV_TILE_BYTES = 16384
 GEMV_SPLIT_TILE_BYTES = 8192  # DSV41_GEMV_SPLIT_TILE overrides it
 GEMV_BLOCK_K_MAX = 2048

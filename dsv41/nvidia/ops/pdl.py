@@ -14,7 +14,9 @@ forces it on / off at every M). H200, graph replay, session 6: tp 4, M = 1,
 cost 9.1 us (67.1 against 58.0) and at M = 16 4.5 us. Letting the next kernel launch only
 after the MMA GEMMs' K loop instead of at their start (session 10, PDL on at every M) gave, tp
 4, M = 2 / 8 / 16: 54.7 / 66.4 / 76.9 us (start: 65.2 / 73.5 / 85.7; PDL off: 56.3 / 64.4 /
-73.2), tp 2, M = 2 / 16: 71.7 / 90.8 (PDL off: 68.3 / 90.0); not kept.
+73.2), tp 2, M = 2 / 16: 71.7 / 90.8 (PDL off: 68.3 / 90.0); not kept. Session 12: with the
+CUDA-core GEMV at two tokens (``mx_gemm.GEMV_MAX_M``) and PDL, M = 2 took 41.6 us at tp 4 and
+66.8 at tp 2, against 56.4 and 68.8 on the MMA loop without PDL.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from dsv41.common.switches import env_flag
 
-PDL_MAX_TOKENS = 1
+PDL_MAX_TOKENS = 2
 
 
 def pdl_enabled(tokens: int) -> bool:
