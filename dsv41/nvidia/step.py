@@ -3,7 +3,7 @@
 1. ``mx_gemm`` (A_CAST): ``qkv = mxfp8(x) @ Wqkv^T``, the cast of x in the prologue;
 2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;
 3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are).
-   In the CUDA-core token buckets (M = 1) wq_b normalises qr in its own prologue (A_NORM)
+   In the CUDA-core token buckets (M <= 2) wq_b normalises qr in its own prologue (A_NORM)
    and launch 2 runs beside it on a side stream, joined before attention, so the norm
    kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain above);
 4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
