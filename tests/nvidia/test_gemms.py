@@ -232,6 +232,15 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
         with pytest.raises(ValueError, match=f"DSV41_GEMV_MAX_M: expected 0 .. 48, got '{bad}'"):
             gemm_config(1, 64, 256, n_per_group=64, quant_out=False, sms=132)
     monkeypatch.delenv("DSV41_GEMV_MAX_M")
+    monkeypatch.setenv("DSV41_GEMV_TILE", "8192")  # wo_b: 4 whole rows of 2048 a program
+    n, k, _, _ = gemm_shapes(dims)["wo_b"]
+    cfg = gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132)
+    assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (4, 2048, 1, 4), cfg
+    for bad in ("2048", "12288", "x"):
+        monkeypatch.setenv("DSV41_GEMV_TILE", bad)
+        with pytest.raises(ValueError, match=f"DSV41_GEMV_TILE: expected a power of two .*'{bad}'"):
+            gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)
+    monkeypatch.delenv("DSV41_GEMV_TILE")
     for bad in ("2048", "12288", "65536", "x"):
         monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", bad)
         with pytest.raises(ValueError, match=f"DSV41_GEMV_SPLIT_TILE: expected a power of two .*'{bad}'"):

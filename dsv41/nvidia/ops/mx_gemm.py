@@ -84,7 +84,7 @@ O_PROLOGUE_BLOCK_K = 128
 # outermost (_gemv_tile) and PDL: M = 2 41.6 us at tp 4 and 66.8 at tp 2 against 56.4 and 68.8
 # on the MMA loop; M = 4 65.1 and 99.1 against 60.3 and 71.3.
 GEMV_MAX_M = 2
-GEMV_TILE_BYTES = 16384
+GEMV_TILE_BYTES = 16384  # DSV41_GEMV_TILE overrides it
 GEMV_SPLIT_TILE_BYTES = 8192  # DSV41_GEMV_SPLIT_TILE overrides it
 GEMV_BLOCK_K_MAX = 2048
 GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
@@ -396,6 +396,14 @@ def gemv_max_steps() -> int:
     return env_int("DSV41_GEMV_STEPS", GEMV_MAX_STEPS, lambda v: 1 <= v <= 8, "1 .. 8")
 
 
+def gemv_tile() -> int:
+    """Weight bytes of a whole-row GEMV tile at most: ``DSV41_GEMV_TILE`` (a power of two, 4096
+    .. 32768) when set, else ``GEMV_TILE_BYTES``."""
+    return env_int("DSV41_GEMV_TILE", GEMV_TILE_BYTES,
+                   lambda v: 4096 <= v <= 32768 and v & (v - 1) == 0,
+                   "a power of two 4096 .. 32768")  # fmt: skip
+
+
 def gemv_split_tile() -> int:
     """Weight bytes of a split-K GEMV tile: ``DSV41_GEMV_SPLIT_TILE`` (a power of two, 4096 ..
     32768) when set, else ``GEMV_SPLIT_TILE_BYTES``."""
@@ -413,10 +421,10 @@ def _pow2_dividing(k: int, cap: int) -> int:
 
 
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
-    """Whole rows in <= ``gemv_max_steps()`` unrolled K steps where they fit ``GEMV_TILE_BYTES``
-    (no split-K sum), else ``gemv_split_tile()`` bytes a tile, split over K."""
+    """Whole rows in <= ``gemv_max_steps()`` unrolled K steps where they fit ``gemv_tile()``
+    bytes (no split-K sum), else ``gemv_split_tile()`` bytes a tile, split over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
-    rows = min(GEMV_BLOCK_N[1], GEMV_TILE_BYTES // k)
+    rows = min(GEMV_BLOCK_N[1], gemv_tile() // k)
     if not quant_out and rows >= 1 and k // block_k <= gemv_max_steps():
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
         k_steps, split_k = k // block_k, 1
