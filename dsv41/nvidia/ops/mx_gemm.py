@@ -396,20 +396,23 @@ def gemv_max_steps() -> int:
     return env_int("DSV41_GEMV_STEPS", GEMV_MAX_STEPS, lambda v: 1 <= v <= 8, "1 .. 8")
 
 
-def gemv_tile() -> int:
-    """Weight bytes of a whole-row GEMV tile at most: ``DSV41_GEMV_TILE`` (a power of two, 4096
-    .. 32768) when set, else ``GEMV_TILE_BYTES``."""
-    return env_int("DSV41_GEMV_TILE", GEMV_TILE_BYTES,
-                   lambda v: 4096 <= v <= 32768 and v & (v - 1) == 0,
+def _tile_bytes(name: str, default: int) -> int:
+    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 32768) when set, else
+    ``default``."""
+    return env_int(name, default, lambda v: 4096 <= v <= 32768 and v & (v - 1) == 0,
                    "a power of two 4096 .. 32768")  # fmt: skip
+
+
+def gemv_tile() -> int:
+    """The most weight bytes of a whole-row GEMV tile: ``DSV41_GEMV_TILE`` when set, else
+    ``GEMV_TILE_BYTES``."""
+    return _tile_bytes("DSV41_GEMV_TILE", GEMV_TILE_BYTES)
 
 
 def gemv_split_tile() -> int:
-    """Weight bytes of a split-K GEMV tile: ``DSV41_GEMV_SPLIT_TILE`` (a power of two, 4096 ..
-    32768) when set, else ``GEMV_SPLIT_TILE_BYTES``."""
-    return env_int("DSV41_GEMV_SPLIT_TILE", GEMV_SPLIT_TILE_BYTES,
-                   lambda v: 4096 <= v <= 32768 and v & (v - 1) == 0,
-                   "a power of two 4096 .. 32768")  # fmt: skip
+    """Weight bytes of a split-K GEMV tile: ``DSV41_GEMV_SPLIT_TILE`` when set, else
+    ``GEMV_SPLIT_TILE_BYTES``."""
+    return _tile_bytes("DSV41_GEMV_SPLIT_TILE", GEMV_SPLIT_TILE_BYTES)
 
 
 def _pow2_dividing(k: int, cap: int) -> int:
