@@ -5,14 +5,14 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# trace ncu all (default all).
+# s12g trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
 # s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
-# prepared, not run); s12 .. s12f: session 12's calls.
+# prepared, not run); s12 .. s12g: session 12's calls.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -609,4 +609,13 @@ if [ "$what" = s12f ]; then
   # (DSV41_GEMV_TILE=8192: 40 registers, room for 3 programs a SM beside wo_a's) against 8 rows of
   # 8 warps (the default 16 KB), at one and two tokens, both shares.
   for tp in 4 2; do ab DSV41_GEMV_TILE "8192 16384" --backend nvidia --tp $tp --tokens 1,2; done
+fi
+if [ "$what" = s12g ]; then
+  # Session 12, call 7 (about 4 minutes): wo_a's split-K tiles of 16 KB (DSV41_GEMV_QUANT_TILE:
+  # 8 K splits of 32 rows x 512, 8 warps) against 8 KB (16 splits of 32 x 256), at one and two
+  # tokens; the score dot in 8 or 2 segments at one token; nvidia's step tests with 16 KB.
+  for tp in 4 2; do ab DSV41_GEMV_QUANT_TILE "8192 16384" --backend nvidia --tp $tp --tokens 1,2; done
+  ab DSV41_ATTN_QK_SPLIT "8 2" --backend nvidia --tp 4 --tokens 1
+  DSV41_GEMV_QUANT_TILE=16384 timeout 100 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py --timeout 90 2>&1 | tail -3
 fi

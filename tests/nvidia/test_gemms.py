@@ -32,6 +32,7 @@ from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mx_gemm import (
     GEMV_MAX_M,
+    GEMV_QUANT_TILE_BYTES,
     GEMV_SPLIT_TILE_BYTES,
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
@@ -217,7 +218,8 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
                     assert cfg.block_n * k <= GEMV_TILE_BYTES and cfg.k_steps <= steps, cfg
                 else:
                     assert cfg.k_steps == 1 and cfg.block_n >= (32 if quant else 8), cfg
-                    assert cfg.block_n * cfg.block_k == tile, (name, cfg)
+                    want = GEMV_QUANT_TILE_BYTES if quant else tile  # wo_a: its own switch
+                    assert cfg.block_n * cfg.block_k == want, (name, cfg)
         assert not gemm_config(1, n, k, n_per_group=npg or n, quant_out=quant, sms=132,
                                gemv_ok=False).gemv  # fmt: skip
     # wo_b's 2048 columns are one K step; Wqkv's 5120 and wq_b's 1280 take 5; wo_a casts z
@@ -241,6 +243,11 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
         with pytest.raises(ValueError, match=f"DSV41_GEMV_TILE: expected a power of two .*'{bad}'"):
             gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)
     monkeypatch.delenv("DSV41_GEMV_TILE")
+    monkeypatch.setenv("DSV41_GEMV_QUANT_TILE", "16384")  # wo_a: 32 rows x 512, 8 K splits
+    n, k, npg, _ = gemm_shapes(dims)["wo_a"]
+    cfg = gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=132)
+    assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (32, 512, 8, 8), cfg
+    monkeypatch.delenv("DSV41_GEMV_QUANT_TILE")
     for bad in ("2048", "12288", "65536", "x"):
         monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", bad)
         with pytest.raises(ValueError, match=f"DSV41_GEMV_SPLIT_TILE: expected a power of two .*'{bad}'"):

@@ -86,6 +86,7 @@ O_PROLOGUE_BLOCK_K = 128
 GEMV_MAX_M = 2
 GEMV_TILE_BYTES = 16384  # DSV41_GEMV_TILE overrides it
 GEMV_SPLIT_TILE_BYTES = 8192  # DSV41_GEMV_SPLIT_TILE overrides it
+GEMV_QUANT_TILE_BYTES = 8192  # the same for wo_a, which casts its output; DSV41_GEMV_QUANT_TILE
 GEMV_BLOCK_K_MAX = 2048
 GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
 GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS overrides it)
@@ -409,9 +410,12 @@ def gemv_tile() -> int:
     return _tile_bytes("DSV41_GEMV_TILE", GEMV_TILE_BYTES)
 
 
-def gemv_split_tile() -> int:
+def gemv_split_tile(quant_out: bool = False) -> int:
     """Weight bytes of a split-K GEMV tile: ``DSV41_GEMV_SPLIT_TILE`` when set, else
-    ``GEMV_SPLIT_TILE_BYTES``."""
+    ``GEMV_SPLIT_TILE_BYTES``; for a GEMM that casts its output (``quant_out``),
+    ``DSV41_GEMV_QUANT_TILE`` when set, else ``GEMV_QUANT_TILE_BYTES``."""
+    if quant_out:
+        return _tile_bytes("DSV41_GEMV_QUANT_TILE", GEMV_QUANT_TILE_BYTES)
     return _tile_bytes("DSV41_GEMV_SPLIT_TILE", GEMV_SPLIT_TILE_BYTES)
 
 
@@ -432,7 +436,7 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
         k_steps, split_k = k // block_k, 1
     else:  # split K; QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
-        least, tile = MX_BLOCK if quant_out else GEMV_BLOCK_N[0], gemv_split_tile()
+        least, tile = MX_BLOCK if quant_out else GEMV_BLOCK_N[0], gemv_split_tile(quant_out)
         block_k = _pow2_dividing(k, min(GEMV_BLOCK_K_MAX // 2, tile // least))
         block_n = min(GEMV_BLOCK_N[1], tile // block_k)
         k_steps, split_k = 1, k // block_k
