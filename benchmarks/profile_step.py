@@ -150,18 +150,12 @@ def chain(dims: Dims, tokens: list[int]) -> None:
 
 
 def timeline(dims: Dims, tokens: list[int], replays: int = 6) -> None:
-    from dsv41.bench import capture_graph, graph_layers, graph_scenarios, step_function
+    from dsv41.bench import capture_graph, graph_layers, graph_scenarios, layer_steps, step_function
 
     lws = graph_layers(dims, 0)  # the bench's graph: enough layers to miss L2
     step = step_function("nvidia")
     for m in tokens:
-        scs = graph_scenarios(dims, lws, m)
-
-        def run(scs=scs):
-            for lw, sc in zip(lws, scs):
-                step(lw, sc)
-
-        graph = capture_graph(run)
+        graph = capture_graph(layer_steps(step, lws, graph_scenarios(dims, lws, m)))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(replays):
                 graph.replay()

@@ -134,14 +134,19 @@ def step_function(backend: str):
     return step
 
 
-def time_graph(step, layers, scenarios, replays: int) -> float:
-    """Median seconds of one replay of a graph holding one step of every layer."""
+def layer_steps(step, layers, scenarios):
+    """What a timing graph captures: one step of every layer, back to back."""
 
     def run():
         for layer, sc in zip(layers, scenarios):
             step(layer, sc)
 
-    return replay_seconds(run, replays)
+    return run
+
+
+def time_graph(step, layers, scenarios, replays: int) -> float:
+    """Median seconds of one replay of a graph holding one step of every layer."""
+    return replay_seconds(layer_steps(step, layers, scenarios), replays)
 
 
 def capture_graph(run) -> torch.cuda.CUDAGraph:

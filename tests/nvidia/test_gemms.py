@@ -9,14 +9,10 @@ interpreter rounds f32 -> e4m3 differently at ties, so e4m3 values are compared
 to within one e4m3 step; E8M0 codes, computed from bits, must match exactly.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from sm90 import ptx_facts  # tests/nvidia/sm90.py
 
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import PagedKVCache
@@ -350,9 +346,8 @@ def test_bad_inputs_name_the_argument(layer):
 
 
 SM90_COMPILE = r"""
-import json, re, sys, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import json, re, sys
+from sm90 import sm90_ptx
 from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
@@ -363,13 +358,8 @@ if consts["GEMV"]:
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
          "part_ptr": "*fp32", "ticket_ptr": "*i32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
          "sin_ptr": "*fp32"}
-sig = {n: "constexpr" if n in consts else kinds.get(n, "*u8" if n.endswith("_ptr") else "i32")
-       for n in fn.arg_names}
-aligned = [i for i, n in enumerate(fn.arg_names) if sig[n][0] == "*" or n.startswith("stride")]
-src = ASTSource(fn=fn, signature=sig,
-                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
-                attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_stages": 4}).asm["ptx"]
+ptx = sm90_ptx(fn, consts, kinds, lambda n, k: k[0] == "*" or n.startswith("stride"),
+               num_stages=4)
 before_wait = ptx.split("griddepcontrol.wait")[0]
 print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait))} |
                  {k: len(re.findall(p, ptx)) for k, p in
@@ -384,12 +374,7 @@ def test_weight_stream_compiles_to_wide_loads_for_sm90(loop):
     """wq_b compiled for SM90 without a GPU: the MMA loop's weights arrive by cp.async, the
     CUDA-core loop's by 16-byte vector loads straight to registers, issued before the PDL
     wait; never by byte loads."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-c", SM90_COMPILE, loop], env=env, capture_output=True,
-                         text=True, cwd=root, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr[-2000:]
-    counts = json.loads(run.stdout.strip().splitlines()[-1])
+    counts = ptx_facts(SM90_COMPILE, loop)
     if loop == "mma":
         assert counts["cp_async"] > 0 and counts["mma"] > 0, counts
     else:  # 64 x 256 bytes over 256 threads: four 16-byte loads each

@@ -8,14 +8,10 @@ checked against the same reference pieces (``gather_keys``, ``attention_core``, 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from sm90 import ptx_facts  # tests/nvidia/sm90.py
 
 from dsv41.common.fused_layout import permute_o_to_fused
 from dsv41.common.geometry import Dims
@@ -308,9 +304,8 @@ def test_record_prefetch_switch(monkeypatch) -> None:
 
 
 SM90_PREFETCH = r"""
-import json, re, sys, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import json, re, sys
+from sm90 import sm90_ptx
 from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
 fmt, prefetch = int(sys.argv[1]), sys.argv[2] == "1"
 consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
@@ -319,13 +314,7 @@ consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, 
 kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
          "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
          "part_stat_ptr": "*fp32", "qk_scale": "fp32"}
-sig = {n: "constexpr" if n in consts else kinds.get(n, "*u8" if n.endswith("_ptr") else "i32")
-       for n in fn.arg_names}
-src = ASTSource(fn=fn, signature=sig,
-                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
-                attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                       if sig[n][0] == "*"})
-ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
 first_record = ptx.find("ld.global.v4")
 print(json.dumps({
     "bulk": len(re.findall(r"@p cp\.async\.bulk\.prefetch\.L2\.global \[%rd\d+\], (\d+)", ptx)),
@@ -342,15 +331,7 @@ def test_record_prefetch_compiles_for_sm90(fmt):
     predicated bulk L2 prefetch of the record's bytes (576 data bytes and the scale row's line
     for fp8_ds_mla, the whole 528-B fp8_mx record), issued before the first record load;
     none without it."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    counts = {}
-    for prefetch in ("1", "0"):
-        run = subprocess.run([sys.executable, "-c", SM90_PREFETCH, str(FORMATS.index(fmt)),
-                              prefetch], env=env, capture_output=True, text=True, cwd=root,
-                             timeout=300, check=False)  # fmt: skip
-        assert run.returncode == 0, run.stderr[-2000:]
-        counts[prefetch] = json.loads(run.stdout.strip().splitlines()[-1])
+    counts = {p: ptx_facts(SM90_PREFETCH, str(FORMATS.index(fmt)), p) for p in ("1", "0")}
     on, off = counts["1"], counts["0"]
     assert on["bulk"] == 1 and on["before_records"], on
     assert on["size"] == (["576"] if fmt == "fp8_ds_mla" else ["528"]), on

@@ -1,0 +1,47 @@
+"""Compile a Triton kernel for SM90 on a machine without a GPU, for the tests that check what
+the compiler emits from the kernel source (ptxas checks the PTX).
+
+Triton reads ``TRITON_INTERPRET`` when it is imported, so the compile runs in a fresh Python
+without it: ``ptx_facts(script, *args)`` runs ``script`` there (this folder on its path) and
+returns the JSON object its last line prints; the script calls ``sm90_ptx``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def sm90_ptx(fn, consts: dict, kinds: dict, divisible=None, **options) -> str:
+    """PTX of the jit function ``fn`` for SM90 with ``consts`` as its constexprs. Every other
+    argument is of type ``kinds[name]``, else ``*u8`` (a name ending in ``_ptr``) or ``i32``;
+    those ``divisible(name, type)`` picks (by default the pointers) are 16-B divisible."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    divisible = divisible or (lambda name, kind: kind[0] == "*")
+    sig = {n: "constexpr" if n in consts else kinds.get(n, "*u8" if n.endswith("_ptr") else "i32")
+           for n in fn.arg_names}  # fmt: skip
+    src = ASTSource(fn=fn, signature=sig,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                           if divisible(n, sig[n])})  # fmt: skip
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def ptx_facts(script: str, *args: str) -> dict:
+    """Run ``script`` (Python source) with ``args`` outside the interpreter; its last line of
+    output as JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    run = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                         text=True, cwd=ROOT, timeout=300, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
