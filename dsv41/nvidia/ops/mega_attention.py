@@ -211,25 +211,27 @@ def _prefetch_records_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, co
 
 
 @triton.jit
+def _dot_tl(a, b, DOT_BF16: tl.constexpr):
+    """``a @ b`` in fp32: bf16 operands on the GPU, IEEE fp32 ones under the interpreter."""
+    if DOT_BF16:
+        return tl.dot(a, b)
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
 def _scores_tl(q, k, SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):
     """``q [HT, 512] . k [BK, 512]^T`` -> fp32 ``[HT, BK]``. With ``SPLIT`` > 1 the 512 dims are
     cut into SPLIT segments, one batch of a batched dot each, summed after: a warp then runs
     SPLIT independent chains of MMAs over 512 / SPLIT dims instead of one chain over 512."""
     if SPLIT == 1:
-        if DOT_BF16:
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        s = _dot_tl(q, tl.trans(k), DOT_BF16)
     else:
         HT: tl.constexpr = q.shape[0]
         BK: tl.constexpr = k.shape[0]
         SEG: tl.constexpr = q.shape[1] // SPLIT
         q3 = tl.permute(tl.reshape(q, (HT, SPLIT, SEG)), (1, 0, 2))
         k3 = tl.permute(tl.reshape(k, (BK, SPLIT, SEG)), (1, 2, 0))
-        if DOT_BF16:
-            s = tl.sum(tl.dot(q3, k3), axis=0)
-        else:
-            s = tl.sum(tl.dot(q3, k3, input_precision="ieee"), axis=0)
+        s = tl.sum(_dot_tl(q3, k3, DOT_BF16), axis=0)
     return s
 
 
