@@ -129,12 +129,15 @@ def test_wo_b(layer):
     assert_bf16_close(got, mx_linear(z8, layer.wo_b, layer.wo_b_scale))
 
 
+@pytest.mark.parametrize("tail", [False, True])
 @pytest.mark.parametrize("m", [1, 5])
 @pytest.mark.parametrize("site", ["wqkv", "wq_b", "wo_a"])
-def test_cuda_core_loop_matches_the_reference(layer, site, m):
+def test_cuda_core_loop_matches_the_reference(layer, site, m, tail):
     """The GEMV loop (forced; at M = 5 rows past M in its 8-row bucket) against each seam:
     bf16 x cast in the prologue, MXFP8 qr8 (both as 2 unrolled K steps of one program, no
-    split-K sum), grouped xo with z re-quantized (2 K splits)."""
+    split-K sum), grouped xo with z re-quantized (2 K splits). With ``tail``, a program's
+    last quarter (wo_a: half) of K is a second tile loaded before the wait, after 3 (wo_a: 1)
+    unrolled K steps."""
     dims, model = layer.dims, layer.dims.model
     z8 = None
     if site == "wqkv":
@@ -152,8 +155,12 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m):
         want = wo_a_grouped(layer, mxfp8_dequantize(*a)).reshape(m, dims.o_rows)
     k = w.shape[1]
     steps, splits = (1, 2) if site == "wo_a" else (2, 1)  # M = 1: one row's lanes over steps
-    cfg = GemmConfig(block_m=8 if m > 1 else 1, block_n=32, block_k=k // 2, split_k=splits,
-                     gemv=True, k_steps=steps)  # fmt: skip
+    block_k, k_tail = k // 2, 0
+    if tail:  # wo_a: one step and the tail; the others: 3 steps (M = 1: lanes) and the tail
+        steps, block_k = (1, k // 2) if site == "wo_a" else (3, k // 4)
+        splits, k_tail = 1, block_k
+    cfg = GemmConfig(block_m=8 if m > 1 else 1, block_n=32, block_k=block_k, split_k=splits,
+                     gemv=True, k_steps=steps, k_tail=k_tail)  # fmt: skip
     scratch = Scratch()
     got = mx_gemm(a, w, ws, out8=z8, n_per_group=npg, scratch=scratch, config=cfg)
     assert_bf16_close(got, want)

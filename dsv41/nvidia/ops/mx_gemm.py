@@ -90,6 +90,7 @@ GEMV_QUANT_TILE_BYTES = 8192  # the same for wo_a, which casts its output; DSV41
 GEMV_BLOCK_K_MAX = 2048
 GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
 GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS overrides it)
+GEMV_TAIL = 0  # whole rows of Wqkv's 5120 / wq_b's 1280 as 4096 + 1024 / 1024 + 256 columns
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
 
 
@@ -144,6 +145,25 @@ def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k
         x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
         g = tl.load(norm_ptr + col).to(tl.float32)
         return _mx_round(bf16_round_tl(x * rms * g), BLOCKS, _MX)
+
+
+@triton.jit
+def _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, norm_ptr, first, M, stride_am, stride_acm,
+               group, k0, rms, K: tl.constexpr, BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
+               A_MODE: tl.constexpr):  # fmt: skip
+    """``acc [BLOCK_M, BLOCK_N]`` plus the CUDA-core tile's dots with each token row ``first
+    ..`` (``rms [BLOCK_M]``: A_NORM's factors): the tile converted to fp32 once, each block's
+    32 products summed, then weighted by the weight's E8M0 scale."""
+    token = tl.arange(0, BLOCK_M)
+    ws = e8m0_scale_tl(wc.to(tl.int32))
+    wf = w8.to(tl.float32)
+    for r in tl.static_range(BLOCK_M):
+        row = tl.minimum(first + r, M - 1)  # rows past M: stored nowhere
+        a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0, col,
+                      tl.sum(tl.where(token == r, rms, 0.0)), K, BLOCKS, A_MODE)  # fmt: skip
+        dots = tl.sum(tl.sum(wf * a[:, None, :], axis=2) * ws, axis=0)  # [BLOCK_N]
+        acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
+    return acc
 
 
 @triton.jit
@@ -236,6 +256,7 @@ def mx_gemm_kernel(
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     K_STEPS: tl.constexpr = 1,
+    K_TAIL: tl.constexpr = 0,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
@@ -250,10 +271,13 @@ def mx_gemm_kernel(
     n_ok = n < N
     n64 = n.to(tl.int64)
     if GEMV:  # the first weight tile is loaded before the PDL wait: no step writes weights
-        tl.static_assert(BLOCK_K * K_STEPS == K_SPLIT,
-                         "the CUDA-core loop takes K_STEPS whole K steps a program")
+        tl.static_assert(BLOCK_K * K_STEPS + K_TAIL == K_SPLIT,
+                         "the CUDA-core loop takes K_STEPS whole K steps and a tail a program")
         BLOCKS: tl.constexpr = BLOCK_K // _MX
         w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS)
+        if K_TAIL > 0:  # a K that is no power of two: its last columns, also before the wait
+            t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, (pid_k + 1) * K_SPLIT - K_TAIL, K,
+                                      K_TAIL // _MX)  # fmt: skip
     pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GEMV:
@@ -265,7 +289,6 @@ def mx_gemm_kernel(
         # lanes are summed once at the end: no reduction (and no barrier) between steps, so
         # every step's loads can be in flight together.
         tl.static_assert(A_MODE != A_O, "the fused WO-A prologue runs on the MMA loop")
-        token = tl.arange(0, BLOCK_M)
         rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if A_MODE == A_NORM:
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
@@ -276,22 +299,21 @@ def mx_gemm_kernel(
             k0 = pid_k * K_SPLIT + step * BLOCK_K
             if step > 0:
                 w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
-            ws = e8m0_scale_tl(wc.to(tl.int32))
             if LANES:
+                ws = e8m0_scale_tl(wc.to(tl.int32))
                 a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, tl.minimum(pid_m, M - 1), stride_am,
                               stride_acm, group, k0, col, tl.sum(rms), K, BLOCKS, A_MODE)  # fmt: skip
                 lanes += w8.to(tl.float32) * a[:, None, :] * ws[:, :, None]
             else:
-                wf = w8.to(tl.float32)
-                for r in tl.static_range(BLOCK_M):
-                    row = tl.minimum(pid_m * BLOCK_M + r, M - 1)  # rows past M: stored nowhere
-                    a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group,
-                                  k0, col, tl.sum(tl.where(token == r, rms, 0.0)), K, BLOCKS,
-                                  A_MODE)  # fmt: skip
-                    dots = tl.sum(tl.sum(wf * a[:, None, :], axis=2) * ws, axis=0)  # [BLOCK_N]
-                    acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
+                acc = _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, norm_ptr, pid_m * BLOCK_M,
+                                 M, stride_am, stride_acm, group, k0, rms, K, BLOCKS, BLOCK_M,
+                                 A_MODE)  # fmt: skip
         if LANES:
             acc += tl.sum(tl.sum(lanes, axis=2), axis=0)[None, :]
+        if K_TAIL > 0:
+            acc = _gemv_rows(acc, t8, tc, tcol, a_ptr, a_codes_ptr, norm_ptr, pid_m * BLOCK_M, M,
+                             stride_am, stride_acm, group, (pid_k + 1) * K_SPLIT - K_TAIL, rms, K,
+                             K_TAIL // _MX, BLOCK_M, A_MODE)  # fmt: skip
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
@@ -362,7 +384,13 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
-    k_steps: int = 1  # K steps a CUDA-core program runs, unrolled: block_k * k_steps * split_k = K
+    k_steps: int = 1  # K steps a CUDA-core program runs, unrolled
+    k_tail: int = 0  # CUDA-core, split_k 1: K's last columns, one more tile (a power of two)
+
+    @property
+    def k_split(self) -> int:
+        """K columns one program covers: ``K / split_k``."""
+        return self.block_k * self.k_steps + self.k_tail
 
 
 def sm_count(device: torch.device) -> int:
@@ -427,14 +455,36 @@ def _pow2_dividing(k: int, cap: int) -> int:
     return block
 
 
+def gemv_tail() -> bool:
+    """Whole CUDA-core rows of a K that is no power of two as two tiles, both loaded before the
+    PDL wait: ``DSV41_GEMV_TAIL`` (0 / 1) when set, else ``GEMV_TAIL``."""
+    return bool(env_int("DSV41_GEMV_TAIL", GEMV_TAIL, lambda v: v in (0, 1), "0 or 1"))
+
+
+def _head_tail(k: int) -> tuple[int, int]:
+    """``k`` as a power of two and a smaller power of two of whole MX blocks (or 0); ``(0,
+    0)`` where it is no such sum."""
+    head = 1 << (k.bit_length() - 1)
+    tail = k - head
+    if tail and (tail & (tail - 1) or tail % MX_BLOCK):
+        return 0, 0
+    return head, tail
+
+
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
-    """Whole rows in <= ``gemv_max_steps()`` unrolled K steps where they fit ``gemv_tile()``
-    bytes (no split-K sum), else ``gemv_split_tile()`` bytes a tile, split over K."""
+    """Whole rows where they fit ``gemv_tile()`` bytes (no split-K sum): in <=
+    ``gemv_max_steps()`` unrolled K steps, or with ``gemv_tail()`` as a power-of-two tile and a
+    tail; else ``gemv_split_tile()`` bytes a tile, split over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
     rows = min(GEMV_BLOCK_N[1], gemv_tile() // k)
+    head, tail = _head_tail(k)
+    k_tail = 0
     if not quant_out and rows >= 1 and k // block_k <= gemv_max_steps():
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
         k_steps, split_k = k // block_k, 1
+    elif not quant_out and rows >= 1 and head and gemv_tail():
+        block_n = 1 << (rows.bit_length() - 1)
+        block_k, k_tail, k_steps, split_k = head, tail, 1, 1
     else:  # split K; QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
         least, tile = MX_BLOCK if quant_out else GEMV_BLOCK_N[0], gemv_split_tile(quant_out)
         block_k = _pow2_dividing(k, min(GEMV_BLOCK_K_MAX // 2, tile // least))
@@ -444,7 +494,7 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
         block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
-                      num_stages=1, gemv=True, k_steps=k_steps)  # fmt: skip
+                      num_stages=1, gemv=True, k_steps=k_steps, k_tail=k_tail)  # fmt: skip
 
 
 def gemm_config(
@@ -624,20 +674,27 @@ def mx_gemm(
         )
     if (
         n_per_group % cfg.block_n
-        or k % (cfg.block_k * cfg.k_steps * cfg.split_k)
+        or k % (cfg.k_split * cfg.split_k)
         or (quant and cfg.block_n % MX_BLOCK)
     ):
         raise ValueError(f"config: {cfg} does not tile N per group {n_per_group}, K {k}")
-    if cfg.k_steps != 1 and not cfg.gemv:
-        raise ValueError(f"config: k_steps is a CUDA-core loop setting (gemv=True), got {cfg}")
+    if (cfg.k_steps != 1 or cfg.k_tail) and not cfg.gemv:
+        raise ValueError(
+            f"config: k_steps and k_tail are CUDA-core loop settings (gemv=True), got {cfg}"
+        )
+    if cfg.k_tail and (cfg.split_k != 1 or cfg.k_tail & (cfg.k_tail - 1) or cfg.k_tail % MX_BLOCK):
+        raise ValueError(
+            f"config: k_tail must be a power of two of whole MX blocks of {MX_BLOCK} with "
+            f"split_k = 1, got {cfg}"
+        )
     if cfg.block_k % MX_BLOCK or cfg.block_k & (cfg.block_k - 1):
         raise ValueError(
             f"config: block_k must be a power of two of whole MX blocks of {MX_BLOCK}, got {cfg}"
         )
-    if cfg.gemv and (mode == A_O or cfg.block_k * cfg.k_steps * cfg.split_k != k):
+    if cfg.gemv and (mode == A_O or cfg.k_split * cfg.split_k != k):
         raise ValueError(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
-            f"(block_k * k_steps * split_k = {k}), got {cfg}"
+            f"((block_k * k_steps + k_tail) * split_k = {k}), got {cfg}"
         )
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     if cfg.split_k > 1:
@@ -686,6 +743,7 @@ def mx_gemm(
         **geo,
         USE_PDL=pdl,
         K_STEPS=cfg.k_steps,
+        K_TAIL=cfg.k_tail,
         **pdl_launch_options(pdl),
     )
     return out
