@@ -5,14 +5,14 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g trace ncu all (default all).
+# s12g s13 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
 # s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
-# prepared, not run); s12 .. s12g: session 12's calls.
+# prepared, not run); s12 .. s12g: session 12's calls; s13: session 13's.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -26,6 +26,12 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 # One bench run's table rows (the eager reference timed once); the modes below call it.
 b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
   2>&1 | grep -E "^(nvidia|mono) "; }
+# v "VAR=V VAR2=V2" ARGS: b ARGS with those switches set, rows tagged with them.
+v() {
+  local sets=$1
+  shift
+  (if [ -n "$sets" ]; then export $sets; fi; b "$@") | sed "s|^|${sets:-default} $*: |"
+}
 # ab VAR "V1 V2 ..." ARGS: b ARGS once for each value of the switch VAR, rows tagged with both.
 ab() {
   local var=$1 vals=$2 v
@@ -44,6 +50,24 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 -m dsv41.cli bench --backend nvidia,mono --config dsv41-flash --tp "$tp" \
       --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp${tp}.json" --plot "$OUT/bench_tp${tp}.png" \
       2>&1 | tee "$OUT/bench_tp${tp}.txt" | tail -18
+  done
+fi
+if [ "$what" = s13 ]; then
+  # Session 13, call 1 (about 8 minutes): one token's whole GEMV rows past 2048 columns as a
+  # power-of-two tile and a tail, both loaded before the PDL wait (DSV41_GEMV_TAIL=bytes of the
+  # tile: Wqkv 4096 + 1024 and wq_b 1024 + 256 columns, no split-K sum), and z cast to MXFP8 in
+  # wo_b's prologue (DSV41_Z_CAST_IN_WOB=1: wo_a without its 32-row MXFP8 epilogue, so whole rows
+  # at one token). nvidia's step tests with both; A/B at one and two tokens; timelines.
+  DSV41_GEMV_TAIL=32768 DSV41_Z_CAST_IN_WOB=1 timeout 150 python3 -m pytest -q \
+    -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py --timeout 140 2>&1 | tail -3
+  T16="DSV41_GEMV_TAIL=16384" T32="DSV41_GEMV_TAIL=32768" Z="DSV41_Z_CAST_IN_WOB=1"
+  for sets in "" "$T16" "$T32" "$Z" "$T16 $Z" "$T32 $Z" ""; do
+    v "$sets" --backend nvidia --tp 4 --tokens 1,2
+  done
+  for sets in "" "$T16 $Z" "$T32 $Z" "$Z"; do v "$sets" --backend nvidia --tp 2 --tokens 1,2; done
+  for sets in "$T16 $Z" "$T32 $Z"; do
+    (export $sets; timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline \
+      2>&1 | tail -9 | sed "s|^|$sets: |")
   done
 fi
 if [ "$what" = trace ]; then

@@ -96,6 +96,7 @@ class StepBuffers:
         return StepBuffers(**{f.name: head(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
+Z_CAST_IN_WOB = False  # DSV41_Z_CAST_IN_WOB overrides it
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -105,6 +106,16 @@ def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
     if not env_flag("DSV41_NORM_IN_WQB", True):
         return False
     n, k, _, _ = gemm_shapes(layer.dims)["wq_b"]
+    return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
+
+
+def z_cast_in_wo_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
+    """Whether the step of ``m`` tokens casts z to MXFP8 in wo_b's prologue (which stores z8)
+    instead of wo_a's epilogue, so wo_a needs no 32-row output tiles and can take whole rows:
+    wo_b runs the CUDA-core loop, and ``DSV41_Z_CAST_IN_WOB`` (1 or 0) is 1."""
+    if not env_flag("DSV41_Z_CAST_IN_WOB", Z_CAST_IN_WOB):
+        return False
+    n, k, _, _ = gemm_shapes(layer.dims)["wo_b"]
     return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
 
 
@@ -169,16 +180,15 @@ def launch_step(
         splits=splits,
         records_ready=side is not None,  # the insert joined by an event, not a PDL edge
     )
-    mx_gemm(
-        (xo, xo_codes),
-        layer.wo_a,
-        layer.wo_a_scale,
-        out=out.z,
-        out8=out.z8,
-        n_per_group=model.o_rank,
-        scratch=scratch["wo_a"],
-    )
-    mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
+    if z_cast_in_wo_b(layer, x.shape[0], x.device):
+        mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
+        mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,
+                scratch=scratch["wo_b"])  # fmt: skip
+    else:
+        mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
+        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
     return {
         "qkv": out.qkv,
         "kv": out.kv,

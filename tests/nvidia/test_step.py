@@ -19,7 +19,13 @@ from dsv41.common.mx import mxfp8_quantize
 from dsv41.common.reference import mx_linear, reference_step
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, norm_in_wq_b, nvidia_step
+from dsv41.nvidia.step import (
+    STEP_SEAMS,
+    NvidiaStepRunner,
+    norm_in_wq_b,
+    nvidia_step,
+    z_cast_in_wo_b,
+)
 from dsv41.nvidia.warmup import REGISTRY, warmup
 
 LAYER_ID = 1  # compressed: window + top-k
@@ -66,7 +72,9 @@ def check_seams(layer, ref, got, ref_cache, got_cache) -> None:
     assert torch.equal(torch.isfinite(got["lse"]), finite)
     torch.testing.assert_close(got["lse"][finite], ref.lse[finite], rtol=1e-4, atol=1e-4)
     assert rel(got["z"], ref.z.reshape(m, -1)) < 1e-2
-    assert torch.equal(got["z8"][1], mxfp8_quantize(got["z"])[1])
+    want_z8 = mxfp8_quantize(got["z"])
+    assert torch.equal(got["z8"][1], want_z8[1])
+    assert torch.equal(got["z8"][0].view(torch.uint8), want_z8[0].view(torch.uint8))
     assert rel(got["y"], ref.y) < 1e-2
 
 
@@ -79,6 +87,18 @@ def test_step_matches_reference(layer, fmt, m):
     """M = 1 and 2 take the CUDA-core GEMV loop (wq_b normalising qr itself), 5 and 48 the
     MMA loop."""
     sc = make_scenario(layer.dims, LAYER_ID, m, fmt=fmt, seed=m)
+    check_seams(layer, *run_both(layer, sc))
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_step_with_whole_gemv_rows_and_z_cast_in_wo_b(layer, monkeypatch, m):
+    """The CUDA-core buckets with z cast to MXFP8 in wo_b's prologue, which stores z8
+    (DSV41_Z_CAST_IN_WOB=1), and one token's whole rows past GEMV_BLOCK_K_MAX columns
+    (DSV41_GEMV_TAIL): wo_a then needs no split-K sum at one token."""
+    monkeypatch.setenv("DSV41_GEMV_TAIL", "16384")
+    monkeypatch.setenv("DSV41_Z_CAST_IN_WOB", "1")
+    assert z_cast_in_wo_b(layer, m, torch.device("cpu"))
+    sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_ds_mla", seed=20 + m)
     check_seams(layer, *run_both(layer, sc))
 
 

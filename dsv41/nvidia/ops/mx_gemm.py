@@ -90,7 +90,9 @@ GEMV_QUANT_TILE_BYTES = 8192  # the same for wo_a, which casts its output; DSV41
 GEMV_BLOCK_K_MAX = 2048
 GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
 GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS overrides it)
-GEMV_TAIL = 0  # whole rows of Wqkv's 5120 / wq_b's 1280 as 4096 + 1024 / 1024 + 256 columns
+# One token, whole rows of Wqkv's 5120 / wq_b's 1280 columns as 4096 + 1024 / 1024 + 256, both
+# loaded before the PDL wait: no split-K sum (0: off).
+GEMV_TAIL_BYTES = 0
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
 
 
@@ -164,6 +166,24 @@ def _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, norm_ptr, first, M, stride_
         dots = tl.sum(tl.sum(wf * a[:, None, :], axis=2) * ws, axis=0)  # [BLOCK_N]
         acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
     return acc
+
+
+@triton.jit
+def _store_a8(x_ptr, v_ptr, c_ptr, first, M, stride_xm, stride_vm, stride_cm, k0,
+              BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+    """The MXFP8 form of bf16 ``x``'s token rows ``first ..`` (< M), columns ``k0 .. k0 +
+    32 BLOCKS``, stored to values ``v`` and codes ``c`` (A8_OUT: the programs of the first N
+    tile; ``x`` was just read by this program, so it comes from L1)."""
+    blk = tl.arange(0, BLOCKS)
+    col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]
+    for r in tl.static_range(BLOCK_M):
+        row = first + r
+        ok = col * 0 + row < M  # [BLOCKS, 32]: a tensor mask (the interpreter takes no scalar)
+        x = tl.load(x_ptr + row * stride_xm + col, mask=ok, other=0.0).to(tl.float32)
+        v, c = mx_quantize_tl(x, BLOCKS, _MX)
+        tl.store(v_ptr + row * stride_vm + col, v, mask=ok)
+        tl.store(c_ptr + row * stride_cm + k0 // _MX + blk, tl.reshape(c, (BLOCKS,)).to(tl.uint8),
+                 mask=blk * 0 + row < M)  # fmt: skip
 
 
 @triton.jit
@@ -257,6 +277,7 @@ def mx_gemm_kernel(
     USE_PDL: tl.constexpr = False,
     K_STEPS: tl.constexpr = 1,
     K_TAIL: tl.constexpr = 0,
+    A8_OUT: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
@@ -276,8 +297,8 @@ def mx_gemm_kernel(
         BLOCKS: tl.constexpr = BLOCK_K // _MX
         w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS)
         if K_TAIL > 0:  # a K that is no power of two: its last columns, also before the wait
-            t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, (pid_k + 1) * K_SPLIT - K_TAIL, K,
-                                      K_TAIL // _MX)  # fmt: skip
+            t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
+                                      (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
     pdl_prologue_tl(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GEMV:
@@ -314,6 +335,17 @@ def mx_gemm_kernel(
             acc = _gemv_rows(acc, t8, tc, tcol, a_ptr, a_codes_ptr, norm_ptr, pid_m * BLOCK_M, M,
                              stride_am, stride_acm, group, (pid_k + 1) * K_SPLIT - K_TAIL, rms, K,
                              K_TAIL // _MX, BLOCK_M, A_MODE)  # fmt: skip
+        if A8_OUT:  # a's MXFP8 form (x cast in the prologue), once: the first N tile stores it
+            tl.static_assert(A_MODE == A_CAST and not QUANT_OUT, "A8_OUT stores a cast bf16 a")
+            if pid_n == 0:
+                for step in tl.static_range(K_STEPS):
+                    _store_a8(a_ptr, out8_ptr, out8_codes_ptr, pid_m * BLOCK_M, M, stride_am,
+                              stride_o8m, stride_o8cm, pid_k * K_SPLIT + step * BLOCK_K, BLOCKS,
+                              BLOCK_M)  # fmt: skip
+                if K_TAIL > 0:
+                    _store_a8(a_ptr, out8_ptr, out8_codes_ptr, pid_m * BLOCK_M, M, stride_am,
+                              stride_o8m, stride_o8cm, (pid_k + 1) * K_SPLIT - K_TAIL,
+                              K_TAIL // _MX, BLOCK_M)  # fmt: skip
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
@@ -455,10 +487,13 @@ def _pow2_dividing(k: int, cap: int) -> int:
     return block
 
 
-def gemv_tail() -> bool:
-    """Whole CUDA-core rows of a K that is no power of two as two tiles, both loaded before the
-    PDL wait: ``DSV41_GEMV_TAIL`` (0 / 1) when set, else ``GEMV_TAIL``."""
-    return bool(env_int("DSV41_GEMV_TAIL", GEMV_TAIL, lambda v: v in (0, 1), "0 or 1"))
+def gemv_tail_tile() -> int:
+    """Weight bytes of a one-token whole-row tile whose K takes a tail or exceeds
+    ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
+    or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
+    return env_int("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES,
+                   lambda v: v == 0 or (4096 <= v <= 32768 and v & (v - 1) == 0),
+                   "0 or a power of two 4096 .. 32768")  # fmt: skip
 
 
 def _head_tail(k: int) -> tuple[int, int]:
@@ -472,9 +507,10 @@ def _head_tail(k: int) -> tuple[int, int]:
 
 
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
-    """Whole rows where they fit ``gemv_tile()`` bytes (no split-K sum): in <=
-    ``gemv_max_steps()`` unrolled K steps, or with ``gemv_tail()`` as a power-of-two tile and a
-    tail; else ``gemv_split_tile()`` bytes a tile, split over K."""
+    """Whole rows where they fit ``gemv_tile()`` bytes (no split-K sum) in <=
+    ``gemv_max_steps()`` unrolled K steps; at one token, where they fit ``gemv_tail_tile()``
+    bytes, as a power-of-two tile and a tail; else ``gemv_split_tile()`` bytes a tile, split
+    over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
     rows = min(GEMV_BLOCK_N[1], gemv_tile() // k)
     head, tail = _head_tail(k)
@@ -482,7 +518,8 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     if not quant_out and rows >= 1 and k // block_k <= gemv_max_steps():
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
         k_steps, split_k = k // block_k, 1
-    elif not quant_out and rows >= 1 and head and gemv_tail():
+    elif m == 1 and not quant_out and head and gemv_tail_tile() >= k:
+        rows = min(GEMV_BLOCK_N[1], gemv_tail_tile() // k)
         block_n = 1 << (rows.bit_length() - 1)
         block_k, k_tail, k_steps, split_k = head, tail, 1, 1
     else:  # split K; QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
@@ -600,6 +637,7 @@ def mx_gemm(
     *,
     out: torch.Tensor | None = None,
     out8: tuple[torch.Tensor, torch.Tensor] | None = None,
+    a8_out: tuple[torch.Tensor, torch.Tensor] | None = None,
     n_per_group: int | None = None,
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
@@ -611,7 +649,9 @@ def mx_gemm(
     (the RMSNorm prologue, CUDA-core token buckets only); ``G = N /
     n_per_group`` groups (1 unless grouped). ``w`` e4m3 ``[N, K]``, ``w_scale``
     uint8 ``[N, K / 32]``. ``out8 = (values e4m3 [M, N], codes uint8 [M, N /
-    32])``, when given, receives the MXFP8 cast of the bf16 out.
+    32])``, when given, receives the MXFP8 cast of the bf16 out. ``a8_out`` (the same
+    formats, ``[M, K]``), when given with a bf16 ``a`` on the CUDA-core loop, receives the
+    MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -667,6 +707,15 @@ def mx_gemm(
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
         gemv_ok=mode != A_O,
     )  # fmt: skip
+    if a8_out is not None:
+        if mode != A_CAST or quant or not cfg.gemv:
+            raise ValueError(
+                f"a8_out: the cast of a bf16 a on the CUDA-core loop without out8, got "
+                f"{'a bf16 a' if mode == A_CAST else 'no bf16 a'}, out8 "
+                f"{'given' if quant else 'none'} and {cfg}"
+            )
+        _check("a8_out values", a8_out[0], E4M3, (m, k))
+        _check("a8_out codes", a8_out[1], torch.uint8, (m, k // MX_BLOCK))
     if mode == A_NORM and not cfg.gemv:
         raise ValueError(
             f"a: the RMSNorm prologue runs on the CUDA-core loop (token buckets up to "
@@ -703,7 +752,7 @@ def mx_gemm(
         )
     else:
         part = tickets = out
-    o8v, o8c = out8 if quant else (out, out)
+    o8v, o8c = out8 if quant else a8_out if a8_out is not None else (out, out)
     pdl = pdl_enabled(m)
     mx_gemm_kernel[grid](
         a_val,
@@ -744,6 +793,7 @@ def mx_gemm(
         USE_PDL=pdl,
         K_STEPS=cfg.k_steps,
         K_TAIL=cfg.k_tail,
+        A8_OUT=a8_out is not None,
         **pdl_launch_options(pdl),
     )
     return out
