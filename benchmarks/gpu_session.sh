@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 trace ncu all (default all).
+# s12g s13 s13b trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -69,6 +69,20 @@ if [ "$what" = s13 ]; then
     (export $sets; timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline \
       2>&1 | tail -9 | sed "s|^|$sets: |")
   done
+fi
+if [ "$what" = s13b ]; then
+  # Session 13, call 2 (about 7 minutes): the new one-token defaults (whole rows with a tail in
+  # 32 KB tiles, z cast in wo_b): nvidia's GPU tests; A/B against both off, and with the norm
+  # kernel's side stream at high priority (DSV41_SIDE_PRIORITY=1), twice at tp 4; the timeline.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py --timeout 190 2>&1 | tail -3
+  OFF="DSV41_GEMV_TAIL=0 DSV41_Z_CAST_IN_WOB=0" P="DSV41_SIDE_PRIORITY=1"
+  for r in 1 2; do
+    for sets in "" "$OFF" "$P"; do v "$sets" --backend nvidia --tp 4 --tokens 1,2; done
+  done
+  for sets in "" "$OFF" "$P"; do v "$sets" --backend nvidia --tp 2 --tokens 1; done
+  (export $P; timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline \
+    2>&1 | tail -8 | sed "s|^|$P: |")
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.

@@ -96,7 +96,8 @@ class StepBuffers:
         return StepBuffers(**{f.name: head(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
-Z_CAST_IN_WOB = False  # DSV41_Z_CAST_IN_WOB overrides it
+Z_CAST_IN_WOB = True  # DSV41_Z_CAST_IN_WOB overrides it
+SIDE_PRIORITY = False  # the norm kernel's side stream at high priority; DSV41_SIDE_PRIORITY
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -111,12 +112,17 @@ def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
 
 def z_cast_in_wo_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
     """Whether the step of ``m`` tokens casts z to MXFP8 in wo_b's prologue (which stores z8)
-    instead of wo_a's epilogue, so wo_a needs no 32-row output tiles and can take whole rows:
-    wo_b runs the CUDA-core loop, and ``DSV41_Z_CAST_IN_WOB`` (1 or 0) is 1."""
+    instead of wo_a's epilogue: where that lets wo_a's CUDA-core loop take whole rows (an
+    MXFP8 epilogue needs 32-row tiles, so split K), wo_b runs the CUDA-core loop too, and
+    ``DSV41_Z_CAST_IN_WOB`` (1 or 0) is not 0."""
     if not env_flag("DSV41_Z_CAST_IN_WOB", Z_CAST_IN_WOB):
         return False
-    n, k, _, _ = gemm_shapes(layer.dims)["wo_b"]
-    return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
+    sms, shapes = sm_count(device), gemm_shapes(layer.dims)
+    n, k, npg, _ = shapes["wo_a"]
+    wo_a = gemm_config(m, n, k, n_per_group=npg, quant_out=False, sms=sms)
+    n, k, _, _ = shapes["wo_b"]
+    wo_b = gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sms)
+    return wo_a.gemv and wo_a.split_k == 1 and wo_b.gemv
 
 
 def launch_step(
@@ -147,7 +153,9 @@ def launch_step(
         if x.is_cuda:
             main = torch.cuda.current_stream(x.device)
             if x.device not in _SIDE_STREAMS:
-                _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+                # high priority: its one program is not queued behind wq_b's pending ones
+                priority = -1 if env_flag("DSV41_SIDE_PRIORITY", SIDE_PRIORITY) else 0
+                _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device, priority=priority)
             side = _SIDE_STREAMS[x.device]
         if side is not None:
             side.wait_stream(main)

@@ -12,6 +12,7 @@ to within one e4m3 step; E8M0 codes, computed from bits, must match exactly.
 
 import pytest
 import torch
+import triton
 from sm90 import ptx_facts  # tests/nvidia/sm90.py
 
 from dsv41.common.geometry import Dims
@@ -30,6 +31,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     GEMV_MAX_M,
     GEMV_QUANT_TILE_BYTES,
     GEMV_SPLIT_TILE_BYTES,
+    GEMV_TAIL_BYTES,
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
     GemmConfig,
@@ -200,12 +202,40 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
                 config=GemmConfig(block_m=16, block_n=32, block_k=k, split_k=1))  # fmt: skip
 
 
+def test_one_token_takes_whole_rows_with_a_tail(monkeypatch):
+    """Real geometry, tp 4, one token: a K past GEMV_BLOCK_K_MAX takes whole rows of
+    ``DSV41_GEMV_TAIL`` bytes as a power-of-two tile and a tail (Wqkv 4096 + 1024, wq_b 1024 +
+    256, wo_a without its MXFP8 epilogue 4096); two tokens, and a tail rule of 0, split K."""
+    for name in ("DSV41_GEMV_TAIL", "DSV41_GEMV_TILE", "DSV41_GEMV_STEPS", "DSV41_GEMV_MAX_M"):
+        monkeypatch.delenv(name, raising=False)
+    shapes = gemm_shapes(Dims.of("dsv41-flash", 4))
+    want = {"wqkv": (4, 4096, 1024), "wq_b": (16, 1024, 256), "wo_a": (8, 4096, 0)}
+    for name, (rows, head, tail) in want.items():
+        n, k, npg, _ = shapes[name]
+        cfg = gemm_config(1, n, k, n_per_group=npg or n, quant_out=False, sms=132)
+        assert (cfg.block_n, cfg.block_k, cfg.k_tail, cfg.k_steps, cfg.split_k) == (
+            rows, head, tail, 1, 1), (name, cfg)  # fmt: skip
+        assert cfg.block_n * k <= GEMV_TAIL_BYTES and cfg.num_warps == 8, cfg
+        assert gemm_config(2, n, k, n_per_group=npg or n, quant_out=False, sms=132).split_k > 1
+        monkeypatch.setenv("DSV41_GEMV_TAIL", "0")
+        assert gemm_config(1, n, k, n_per_group=npg or n, quant_out=False, sms=132).split_k > 1
+        monkeypatch.delenv("DSV41_GEMV_TAIL")
+    n, k, npg, _ = shapes["wo_a"]
+    assert gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=132).split_k > 1  # casts z
+    for bad in ("1", "65536", "x"):
+        monkeypatch.setenv("DSV41_GEMV_TAIL", bad)
+        with pytest.raises(ValueError, match=f"DSV41_GEMV_TAIL: expected 0 or a power of two "
+                                             f"4096 .. 32768, got '{bad}'"):  # fmt: skip
+            gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)
+
+
 @pytest.mark.parametrize("steps, tile", [(1, GEMV_SPLIT_TILE_BYTES), (5, 2 * GEMV_SPLIT_TILE_BYTES)])
 def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
     """Real geometry, tp 4: buckets up to GEMV_MAX_M run the GEMV loop, whole rows a program
     where they fit a tile in at most ``DSV41_GEMV_STEPS`` K steps, else K split in tiles; the
-    MMA loop above them and for the fused WO-A prologue."""
+    MMA loop above them and for the fused WO-A prologue (one token's tail rule off)."""
     monkeypatch.delenv("DSV41_GEMV_MAX_M", raising=False)
+    monkeypatch.setenv("DSV41_GEMV_TAIL", "0")
     monkeypatch.setenv("DSV41_GEMV_STEPS", str(steps))
     monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", str(tile))
     dims = Dims.of("dsv41-flash", 4)
@@ -329,7 +359,7 @@ def test_configs_fill_the_gpu_from_the_bucket():
         cfg = gemm_config(1, n, k, n_per_group=npg, quant_out=quant, sms=132)
         programs = -(-n // cfg.block_n) * cfg.split_k
         assert programs >= PROGRAMS_PER_SM * 132, (name, cfg, programs)
-        assert npg % cfg.block_n == 0 and k % (cfg.block_k * cfg.split_k) == 0
+        assert npg % cfg.block_n == 0 and cfg.k_split * cfg.split_k == k
     for m in range(1, 49):
         b = bucket_for(m)
         assert b >= m and gemm_config(
@@ -350,6 +380,36 @@ def test_bad_inputs_name_the_argument(layer):
     with pytest.raises(ValueError, match="config: block_k must be a power of two of whole MX"):
         mx_gemm(x_of(1, k, 90), w, block_to_row_scales(codes),
                 config=GemmConfig(block_m=1, block_n=8, block_k=k, split_k=1, gemv=True))  # fmt: skip
+    # K = 160 as 128 + 32: whole rows with a tail; a tail that is no power of two is refused
+    a = x_of(1, k, 91)
+    got = mx_gemm(a, w, block_to_row_scales(codes),
+                  config=GemmConfig(block_m=1, block_n=8, block_k=128, split_k=1, gemv=True,
+                                    k_tail=32))  # fmt: skip
+    assert_bf16_close(got, mx_linear(mxfp8_quantize(a), w, block_to_row_scales(codes)))
+    with pytest.raises(ValueError, match="config: k_tail must be a power of two"):
+        mx_gemm(a, w, block_to_row_scales(codes),
+                config=GemmConfig(block_m=1, block_n=8, block_k=64, split_k=1, gemv=True,
+                                  k_tail=96))  # fmt: skip
+    with pytest.raises(ValueError, match="a8_out: the cast of a bf16 a on the CUDA-core loop"):
+        mx_gemm(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale,
+                a8_out=mxfp8_quantize(x))  # fmt: skip
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_cuda_core_loop_stores_the_cast_of_a(layer, m):
+    """wo_b on a bf16 z (A_CAST) with ``a8_out``: the stored MXFP8 form equals the torch cast
+    of z bit for bit (the first N tile's programs store it, once per K split), and y the
+    reference of that form."""
+    k = layer.wo_b.shape[1]
+    z = x_of(m, k, 95 + m)
+    z8 = (torch.empty(m, k, dtype=E4M3), torch.empty(m, k // 32, dtype=torch.uint8))
+    cfg = GemmConfig(block_m=triton.next_power_of_2(m), block_n=32, block_k=k // 2, split_k=2,
+                     gemv=True)  # fmt: skip
+    got = mx_gemm(z, layer.wo_b, layer.wo_b_scale, a8_out=z8, scratch=Scratch(), config=cfg)
+    want = mxfp8_quantize(z)
+    assert torch.equal(z8[1], want[1])
+    assert torch.equal(z8[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert_bf16_close(got, mx_linear(want, layer.wo_b, layer.wo_b_scale))
 
 
 SM90_COMPILE = r"""

@@ -84,22 +84,34 @@ def check_seams(layer, ref, got, ref_cache, got_cache) -> None:
      ("fp8_mx", 48)],
 )
 def test_step_matches_reference(layer, fmt, m):
-    """M = 1 and 2 take the CUDA-core GEMV loop (wq_b normalising qr itself), 5 and 48 the
-    MMA loop."""
+    """M = 1 and 2 take the CUDA-core GEMV loop (wq_b normalising qr itself; at M = 1 z cast
+    to MXFP8 in wo_b's prologue), 5 and 48 the MMA loop."""
     sc = make_scenario(layer.dims, LAYER_ID, m, fmt=fmt, seed=m)
     check_seams(layer, *run_both(layer, sc))
 
 
-@pytest.mark.parametrize("m", [1, 2])
-def test_step_with_whole_gemv_rows_and_z_cast_in_wo_b(layer, monkeypatch, m):
-    """The CUDA-core buckets with z cast to MXFP8 in wo_b's prologue, which stores z8
-    (DSV41_Z_CAST_IN_WOB=1), and one token's whole rows past GEMV_BLOCK_K_MAX columns
-    (DSV41_GEMV_TAIL): wo_a then needs no split-K sum at one token."""
-    monkeypatch.setenv("DSV41_GEMV_TAIL", "16384")
-    monkeypatch.setenv("DSV41_Z_CAST_IN_WOB", "1")
-    assert z_cast_in_wo_b(layer, m, torch.device("cpu"))
-    sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_ds_mla", seed=20 + m)
+@pytest.mark.parametrize("switch", ["DSV41_Z_CAST_IN_WOB", "DSV41_GEMV_TAIL"])
+def test_one_token_step_with_z_cast_in_wo_a(layer, monkeypatch, switch):
+    """One token with z cast in wo_a's epilogue and wo_b on z8, as two tokens run: z's cast in
+    wo_b turned off, or one token's whole-row rule (without which wo_a splits K)."""
+    monkeypatch.setenv(switch, "0")
+    assert not z_cast_in_wo_b(layer, 1, torch.device("cpu"))
+    sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=21)
     check_seams(layer, *run_both(layer, sc))
+
+
+def test_z_cast_in_wo_b_follows_whole_wo_a_rows_and_its_switch(layer, monkeypatch):
+    """By default one token casts z in wo_b (wo_a then takes whole rows); two tokens and 48
+    do not (wo_a splits K there, so its epilogue casts whole MX blocks); other values are
+    refused."""
+    cpu = torch.device("cpu")
+    for name in ("DSV41_Z_CAST_IN_WOB", "DSV41_GEMV_TAIL", "DSV41_GEMV_MAX_M"):
+        monkeypatch.delenv(name, raising=False)
+    assert z_cast_in_wo_b(layer, 1, cpu)
+    assert not z_cast_in_wo_b(layer, 2, cpu) and not z_cast_in_wo_b(layer, 48, cpu)
+    monkeypatch.setenv("DSV41_Z_CAST_IN_WOB", "yes")
+    with pytest.raises(ValueError, match="DSV41_Z_CAST_IN_WOB: expected 0 or 1, got 'yes'"):
+        z_cast_in_wo_b(layer, 1, cpu)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])

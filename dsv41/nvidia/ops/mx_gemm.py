@@ -92,7 +92,7 @@ GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
 GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS overrides it)
 # One token, whole rows of Wqkv's 5120 / wq_b's 1280 columns as 4096 + 1024 / 1024 + 256, both
 # loaded before the PDL wait: no split-K sum (0: off).
-GEMV_TAIL_BYTES = 0
+GEMV_TAIL_BYTES = 32768
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
 
 
