@@ -97,7 +97,6 @@ class StepBuffers:
 
 
 Z_CAST_IN_WOB = True  # DSV41_Z_CAST_IN_WOB overrides it
-SIDE_PRIORITY = False  # the norm kernel's side stream at high priority; DSV41_SIDE_PRIORITY
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -153,9 +152,7 @@ def launch_step(
         if x.is_cuda:
             main = torch.cuda.current_stream(x.device)
             if x.device not in _SIDE_STREAMS:
-                # high priority: its one program is not queued behind wq_b's pending ones
-                priority = -1 if env_flag("DSV41_SIDE_PRIORITY", SIDE_PRIORITY) else 0
-                _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device, priority=priority)
+                _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
             side = _SIDE_STREAMS[x.device]
         if side is not None:
             side.wait_stream(main)
