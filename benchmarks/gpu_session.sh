@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b trace ncu all (default all).
+# s12g s13 s13b s13c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -83,6 +83,18 @@ if [ "$what" = s13b ]; then
   for sets in "" "$OFF" "$P"; do v "$sets" --backend nvidia --tp 2 --tokens 1; done
   (export $P; timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline \
     2>&1 | tail -8 | sed "s|^|$P: |")
+fi
+if [ "$what" = s13c ]; then
+  # Session 13, call 3 (about 5 minutes): each GEMM program's start, PDL wait end and end in the
+  # bench graph (profile_step.py --gemv-trace) and its test; nvidia's tables at both shares.
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    -k trace --timeout 140 2>&1 | tail -2
+  timeout 120 python3 benchmarks/profile_step.py --tp 4 --tokens 1,2 --gemv-trace 2>&1 | tail -16
+  timeout 100 python3 benchmarks/profile_step.py --tp 2 --tokens 1 --gemv-trace 2>&1 | tail -7
+  for tp in 4 2; do
+    b --backend nvidia --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
+      | sed "s/^/tp $tp: /"
+  done
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.

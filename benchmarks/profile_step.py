@@ -10,7 +10,10 @@ graph-replayed step (``dsv41 bench``'s layers and steps, weights from HBM)
 cut after each of its launches: what each launch adds to the step in the graph,
 overlaps (PDL, the side stream) included. ``--timeline``: the same whole graph replayed
 under the profiler (CUPTI): each kernel of one layer step, its start and end after the end
-of the step before, so PDL's early starts and every kernel's own span show.
+of the step before, so PDL's early starts and every kernel's own span show. ``--gemv-trace``:
+the same graph with every GEMM program stamping its start, the end of its PDL wait and its end
+(``Scratch.trace``): which programs started only after their predecessor ended, and how long a
+program runs past its wait.
 
     python benchmarks/profile_step.py --tp 4 --tokens 1,48 --breakdown --sweep --attn-sweep
 """
@@ -174,6 +177,53 @@ def timeline(dims: Dims, tokens: list[int], replays: int = 6) -> None:
             print(f"  {start - t0:7.2f} {end - t0:7.2f} {end - start:7.2f}  {name[:48]}")
 
 
+def gemv_trace(dims: Dims, tokens: list[int], replays: int = 5) -> None:
+    from dsv41.bench import capture_graph, graph_layers, graph_scenarios, layer_steps, step_function
+    from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for
+    from dsv41.nvidia.step import GEMM_SITES
+
+    lws = graph_layers(dims, 0)  # the bench's graph: the last layer's stamps stay
+    step = step_function("nvidia")
+    try:
+        for m in tokens:
+            traces = {}
+            for site in GEMM_SITES:
+                traces[site] = torch.zeros(1 << 14, TRACE_FIELDS, dtype=torch.int64,
+                                           device="cuda")  # fmt: skip
+                scratch_for(site).trace = traces[site]
+            graph = capture_graph(layer_steps(step, lws, graph_scenarios(dims, lws, m)))
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
+            print(f"\nM = {m}: each GEMM's programs in the last layer's step of a replay, us after "
+                  f"Wqkv's first wait ended; 'late': programs that started after the site's "
+                  f"first wait ended (its predecessor's end + ~0.5 us)")
+            print("  site   progs SMs most/SM | start p0 p50 p100 | late | waited p0 p100 "
+                  "| end p50 p100 | after wait p50 p100")
+            t0 = None
+            for site in GEMM_SITES:
+                t = traces[site]
+                t = t[t[:, 0] > 0].double()
+                t0 = t[:, 1].min() if t0 is None else t0
+                start, waited, end = ((t[:, i] - t0) / 1e3 for i in range(3))
+                first_wait = waited.min()
+                per_sm = torch.bincount(t[:, 3].long())
+                work = end - waited
+
+                def q(v, p):
+                    return float(v.quantile(p))
+
+                sms = f"{int((per_sm > 0).sum()):3d} {int(per_sm.max()):3d}"
+                print(f"  {site:6s} {len(t):5d} {sms} "
+                      f"| {q(start, 0):6.2f} {q(start, .5):6.2f} {q(start, 1):6.2f} "
+                      f"| {int((start > first_wait).sum()):4d} "
+                      f"| {q(waited, 0):6.2f} {q(waited, 1):6.2f} | {q(end, .5):6.2f} "
+                      f"{q(end, 1):6.2f} | {q(work, .5):5.2f} {q(work, 1):5.2f}")
+    finally:
+        for site in GEMM_SITES:
+            scratch_for(site).trace = None
+
+
 def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
     from dsv41.common.mx import E4M3
     from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, gemm_config, mx_gemm, sm_count
@@ -265,6 +315,7 @@ def main() -> None:
     p.add_argument("--attn-sweep", action="store_true")
     p.add_argument("--chain", action="store_true")
     p.add_argument("--timeline", action="store_true")
+    p.add_argument("--gemv-trace", action="store_true")
     args = p.parse_args()
     dims = Dims.of(args.config, args.tp)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -278,6 +329,8 @@ def main() -> None:
         chain(dims, tokens)
     if args.timeline:
         timeline(dims, tokens)
+    if args.gemv_trace:
+        gemv_trace(dims, tokens)
 
 
 if __name__ == "__main__":

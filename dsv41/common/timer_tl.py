@@ -16,3 +16,11 @@ def globaltimer_tl(like):
     return tl.inline_asm_elementwise(
         "mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64, is_pure=False, pack=1
     )
+
+
+@triton.jit
+def smid_tl(like):
+    """The SM a program runs on (``%smid``), one int32 per lane of the int32 ``like``."""
+    return tl.inline_asm_elementwise(
+        "mov.u32 $0, %smid;", "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1
+    )

@@ -123,3 +123,36 @@ def test_graph_replay_equals_eager(layer, m):
             assert torch.equal(got[name], want[name]), name
         assert torch.equal(got["xo"][0].view(torch.uint8), want["xo"][0].view(torch.uint8))
         assert torch.equal(graph_caches.window_cache.data, eager_caches.window_cache.data)
+
+
+def test_gemm_trace_stamps_every_program(layer):
+    """A traced step (``Scratch.trace``, what ``profile_step.py --gemv-trace`` reads): every
+    program of every GEMM stamps start <= wait over <= end and an SM of the GPU, and the output
+    equals the untraced step's."""
+    from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for, sm_count
+    from dsv41.nvidia.step import GEMM_SITES, gemm_shapes
+
+    sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=5, device=DEVICE)
+    a, b = sc.clone_caches(), sc.clone_caches()
+    want = nvidia_step(layer, a.x, a.positions, a.slot_mapping, a.key_table, a.window_cache,
+                       a.compressed_cache)  # fmt: skip
+    traces = {s: torch.zeros(1 << 14, TRACE_FIELDS, dtype=torch.int64, device=DEVICE)
+              for s in GEMM_SITES}  # fmt: skip
+    try:
+        for site, t in traces.items():
+            scratch_for(site).trace = t
+        got = nvidia_step(layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache,
+                          b.compressed_cache)  # fmt: skip
+        torch.cuda.synchronize()
+    finally:
+        for site in GEMM_SITES:
+            scratch_for(site).trace = None
+    assert torch.equal(got["y"], want["y"])
+    sms = sm_count(DEVICE)
+    for site in gemm_shapes(layer.dims):
+        t = traces[site].cpu()
+        stamped = int((t[:, 0] > 0).sum())
+        assert stamped > 0 and bool((t[stamped:] == 0).all()), site
+        t = t[:stamped]
+        assert bool((t[:, 0] <= t[:, 1]).all() and (t[:, 1] <= t[:, 2]).all()), site
+        assert bool((t[:, 3] >= 0).all() and (t[:, 3] < sms).all()), site

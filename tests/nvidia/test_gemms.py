@@ -34,6 +34,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     GEMV_TAIL_BYTES,
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
+    TRACE_FIELDS,
     GemmConfig,
     NormInput,
     Scratch,
@@ -393,6 +394,10 @@ def test_bad_inputs_name_the_argument(layer):
     with pytest.raises(ValueError, match="a8_out: the cast of a bf16 a on the CUDA-core loop"):
         mx_gemm(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale,
                 a8_out=mxfp8_quantize(x))  # fmt: skip
+    short = Scratch()
+    short.trace = torch.zeros(1, TRACE_FIELDS, dtype=torch.int64)  # a row for one program
+    with pytest.raises(ValueError, match=r"scratch.trace: expected int64 \[>= \d+, 4\]"):
+        mx_gemm(x, layer.wqkv, layer.wqkv_scale, scratch=short)
 
 
 @pytest.mark.parametrize("m", [1, 3])
@@ -419,7 +424,7 @@ from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
-          "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False}
+          "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",

@@ -36,6 +36,7 @@ sums at all; ``profile_step.py --sweep`` times those).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import torch
@@ -53,6 +54,7 @@ from dsv41.common.mx import (
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
+from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
@@ -93,6 +95,8 @@ GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS ove
 # One token, whole rows of Wqkv's 5120 / wq_b's 1280 columns as 4096 + 1024 / 1024 + 256, both
 # loaded before the PDL wait: no split-K sum (0: off).
 GEMV_TAIL_BYTES = 32768
+TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
+_TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
 
 
@@ -251,6 +255,7 @@ def mx_gemm_kernel(
     cos_ptr,
     sin_ptr,
     norm_ptr,
+    trace_ptr,
     eps,
     M,
     stride_am,
@@ -278,6 +283,7 @@ def mx_gemm_kernel(
     K_STEPS: tl.constexpr = 1,
     K_TAIL: tl.constexpr = 0,
     A8_OUT: tl.constexpr = False,
+    TRACE: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
     pid_n = tl.program_id(0)
@@ -291,6 +297,8 @@ def mx_gemm_kernel(
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n64 = n.to(tl.int64)
+    if TRACE:
+        t_start = globaltimer_tl(pid_n)
     if GEMV:  # the first weight tile is loaded before the PDL wait: no step writes weights
         tl.static_assert(BLOCK_K * K_STEPS + K_TAIL == K_SPLIT,
                          "the CUDA-core loop takes K_STEPS whole K steps and a tail a program")
@@ -300,6 +308,8 @@ def mx_gemm_kernel(
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
     pdl_prologue_tl(USE_PDL)
+    if TRACE:
+        t_waited = globaltimer_tl(pid_n)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if GEMV:
         # CUDA cores, no MMA: the weight tile [blocks, BLOCK_N, 32] is converted to fp32 once,
@@ -405,6 +415,13 @@ def mx_gemm_kernel(
                 c.to(tl.uint8),
                 mask=row_ok[:, None] & (cn < N // _MX)[None, :],
             )
+    if TRACE:  # (start, PDL wait over, end: ns; SM) of this program
+        prog = (pid_m * tl.num_programs(1) + pid_k) * tl.num_programs(0) + pid_n
+        at = trace_ptr + prog.to(tl.int64) * _TRACE_FIELDS
+        tl.store(at, t_start)
+        tl.store(at + 1, t_waited)
+        tl.store(at + 2, globaltimer_tl(pid_n))
+        tl.store(at + 3, smid_tl(pid_n).to(tl.int64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -577,6 +594,9 @@ class Scratch:
         self.part = torch.empty(0)
         self.tickets = torch.empty(0)
         self._retired: list[torch.Tensor] = []  # outgrown buffers a captured graph may still use
+        # Set by a profiler (benchmarks/profile_step.py --gemv-trace): int64 [>= programs,
+        # TRACE_FIELDS]; each program of this site's launches stamps its row (GPU only).
+        self.trace: torch.Tensor | None = None
 
     def get(
         self, part_numel: int, tickets: int, device: torch.device
@@ -746,6 +766,11 @@ def mx_gemm(
             f"((block_k * k_steps + k_tail) * split_k = {k}), got {cfg}"
         )
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
+    trace = scratch.trace if scratch is not None else None
+    if trace is not None and (trace.dtype != torch.int64 or trace.shape[0] < math.prod(grid)
+                              or tuple(trace.shape[1:]) != (TRACE_FIELDS,)):  # fmt: skip
+        raise ValueError(f"scratch.trace: expected int64 [>= {math.prod(grid)}, {TRACE_FIELDS}], "
+                         f"got {trace.dtype} {list(trace.shape)}")  # fmt: skip
     if cfg.split_k > 1:
         part, tickets = (scratch or scratch_for("default")).get(
             cfg.split_k * m * n, grid[0] * grid[2], dev
@@ -768,6 +793,7 @@ def mx_gemm(
         cos if cos is not None else out,
         sin if sin is not None else out,
         norm if norm is not None else out,
+        trace if trace is not None else out,
         eps,
         m,
         stride_am,
@@ -794,6 +820,7 @@ def mx_gemm(
         K_STEPS=cfg.k_steps,
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
+        TRACE=trace is not None,
         **pdl_launch_options(pdl),
     )
     return out
