@@ -4,12 +4,15 @@
 2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;
 3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are).
    In the CUDA-core token buckets (M <= 2) wq_b normalises qr in its own prologue (A_NORM)
-   and launch 2 runs beside it on a side stream, joined before attention, so the norm
-   kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain above);
+   and launch 2 (its kv half only) runs beside it on a side stream, joined before attention,
+   so the norm kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain
+   above);
 4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
    ``xo`` in the fused O layout;
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
-6. ``mx_gemm`` (A_MX): ``y = z8 @ Wo_b^T``, this rank's bf16 partial.
+6. ``mx_gemm`` (A_MX): ``y = z8 @ Wo_b^T``, this rank's bf16 partial. At one token z is cast
+   in wo_b's prologue instead (A_CAST, which stores z8), so wo_a takes whole rows
+   (``z_cast_in_wo_b``).
 
 Every launch takes device tensors only, so a step is capturable in one CUDA
 graph: ``NvidiaStepRunner`` holds the inputs and outputs at fixed addresses,
@@ -63,6 +66,7 @@ class StepBuffers:
     qkv: torch.Tensor  # bf16 [rows, q_rank + kv_dim]
     kv: torch.Tensor  # bf16 [rows, 512]: normed, RoPE'd, inserted
     qr8: tuple[torch.Tensor, torch.Tensor]  # e4m3 [rows, q_rank], uint8 [rows, q_rank/32]
+    # (written only where wq_b reads it: not where wq_b normalises qr itself)
     q: torch.Tensor  # bf16 [rows, heads*512], fused Q layout, before RoPE
     z: torch.Tensor  # bf16 [rows, groups*o_rank]
     z8: tuple[
@@ -140,14 +144,14 @@ def launch_step(
     cos, sin = rope_tables(model, layer.layer_id, x.device)
     mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
 
-    def norm() -> None:
+    def norm(qr8) -> None:
         norm_rope_insert(
             out.qkv, layer.q_norm, layer.kv_norm, positions, slot_mapping, window_cache, cos, sin,
-            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=out.qr8,
+            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=qr8,
         )  # fmt: skip
 
     side = None  # the side stream the norm kernel ran on, if any
-    if norm_in_wq_b(layer, x.shape[0], x.device):
+    if norm_in_wq_b(layer, x.shape[0], x.device):  # the norm kernel's kv half only
         main = None
         if x.is_cuda:
             main = torch.cuda.current_stream(x.device)
@@ -157,15 +161,15 @@ def launch_step(
         if side is not None:
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                norm()
+                norm(None)
         else:
-            norm()
+            norm(None)
         qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
         mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
     else:
-        norm()
+        norm(out.qr8)
         mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
     # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
     splits, _ = attention_splits(

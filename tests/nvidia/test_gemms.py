@@ -344,6 +344,12 @@ def test_norm_rope_insert(layer, fmt):
     others = torch.ones(cache.num_slots, dtype=torch.bool)
     others[slots[keep]] = False
     assert torch.equal(cache.read(others.nonzero()[:, 0]), ref.read(others.nonzero()[:, 0]))
+    # without qr8 (a wq_b that normalises qr itself): the same kv and records, no q half
+    kv_only, cache_kv = torch.empty_like(kv), PagedKVCache(4, model.window_block, fmt)
+    cache_kv.data.copy_(before)
+    norm_rope_insert(qkv, layer.q_norm, layer.kv_norm, positions, slots, cache_kv, cos, sin,
+                     eps=model.eps, nope=model.nope_dim, kv=kv_only, qr8=None)  # fmt: skip
+    assert torch.equal(kv_only, kv) and torch.equal(cache_kv.data, cache.data)
 
 
 def test_configs_fill_the_gpu_from_the_bucket():

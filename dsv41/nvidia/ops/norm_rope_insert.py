@@ -4,7 +4,9 @@
 kv_norm`` in fp32, each rounded to bf16; kv's dims ``nope..`` turn forward by
 the token's position (GPT-J pairs, then bf16 again) and the record goes into
 the window cache at ``slot_mapping`` (a slot outside the cache is skipped);
-``qr`` leaves as MXFP8 (values + codes), the activation of ``wq_b``. The pair
+``qr`` leaves as MXFP8 (values + codes), the activation of ``wq_b`` (unless
+wq_b normalises qr itself: then no q half). The position, RoPE angles and slot
+are read first, as nothing in the step writes them. The pair
 partner of a rope dim is normalized from its own load with the same
 ``rsqrt`` factor, so it is bit-identical to the value the partner's lane holds.
 """
@@ -50,47 +52,50 @@ def norm_rope_insert_kernel(
     BLOCK_TOKENS: tl.constexpr,
     FMT: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    QR8: tl.constexpr = True,
 ):
-    """qr8 = mxfp8(bf16(rmsnorm(q) q_norm)); kv = bf16(rope(bf16(rmsnorm(kv) kv_norm))) -> cache."""
+    """qr8 = mxfp8(bf16(rmsnorm(q) q_norm)) (with ``QR8``); kv = bf16(rope(bf16(rmsnorm(kv)
+    kv_norm))) -> cache."""
     pdl_prologue_tl(USE_PDL)
     t = tl.program_id(0)
     row = qkv_ptr + t.to(tl.int64) * stride_qkv
-    # q half: norm, bf16, MXFP8.
-    dq = tl.arange(0, Q_PAD)
-    q_ok = dq < Q_RANK
-    q = tl.load(row + dq, mask=q_ok, other=0.0).to(tl.float32)
-    qn = (
-        q
-        * rms_factor_tl(q, Q_RANK, eps)
-        * tl.load(q_norm_ptr + dq, mask=q_ok, other=0.0).to(tl.float32)
-    )
-    qn = bf16_round_tl(qn)
-    v, c = mx_quantize_tl(tl.reshape(qn, (1, Q_PAD)), 1, Q_PAD)
-    tl.store(qr8_ptr + t.to(tl.int64) * stride_qr8 + dq, tl.reshape(v, (Q_PAD,)), mask=q_ok)
-    g = tl.arange(0, Q_PAD // 32)
-    tl.store(
-        qr8_codes_ptr + t.to(tl.int64) * stride_qr8c + g,
-        tl.reshape(c, (Q_PAD // 32,)).to(tl.uint8),
-        mask=g < Q_RANK // 32,
-    )
-    # kv half: norm, bf16, RoPE on nope.., bf16, insert.
+    # What no step kernel writes first: the token's position, its RoPE angles and its slot.
     d = tl.arange(0, KV_DIM)
+    is_rope = d >= NOPE
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    pair = tl.where(is_rope, (d - NOPE) // 2, 0)
+    cs = tl.load(cos_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=1.0)
+    sn = tl.load(sin_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=0.0)
+    slot = tl.load(slot_ptr + t + tl.arange(0, 1)).to(tl.int64)
+    if QR8:  # q half: norm, bf16, MXFP8.
+        dq = tl.arange(0, Q_PAD)
+        q_ok = dq < Q_RANK
+        q = tl.load(row + dq, mask=q_ok, other=0.0).to(tl.float32)
+        qn = (
+            q
+            * rms_factor_tl(q, Q_RANK, eps)
+            * tl.load(q_norm_ptr + dq, mask=q_ok, other=0.0).to(tl.float32)
+        )
+        qn = bf16_round_tl(qn)
+        v, c = mx_quantize_tl(tl.reshape(qn, (1, Q_PAD)), 1, Q_PAD)
+        tl.store(qr8_ptr + t.to(tl.int64) * stride_qr8 + dq, tl.reshape(v, (Q_PAD,)), mask=q_ok)
+        g = tl.arange(0, Q_PAD // 32)
+        tl.store(
+            qr8_codes_ptr + t.to(tl.int64) * stride_qr8c + g,
+            tl.reshape(c, (Q_PAD // 32,)).to(tl.uint8),
+            mask=g < Q_RANK // 32,
+        )
+    # kv half: norm, bf16, RoPE on nope.., bf16, insert.
     p = d ^ 1
     kv = tl.load(row + Q_RANK + d).to(tl.float32)
     scale = rms_factor_tl(kv, KV_DIM, eps)
     kv = bf16_round_tl(kv * scale * tl.load(kv_norm_ptr + d).to(tl.float32))
     partner = tl.load(row + Q_RANK + p).to(tl.float32)
     partner = bf16_round_tl(partner * scale * tl.load(kv_norm_ptr + p).to(tl.float32))
-    is_rope = d >= NOPE
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    pair = tl.where(is_rope, (d - NOPE) // 2, 0)
-    cs = tl.load(cos_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=1.0)
-    sn = tl.load(sin_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=0.0)
     even = d % 2 == 0
     r0, r1 = rope_pair_tl(tl.where(even, kv, partner), tl.where(even, partner, kv), cs, sn, False)
     kv = bf16_round_tl(tl.where(is_rope, tl.where(even, r0, r1), kv))
     tl.store(kv_ptr + t.to(tl.int64) * stride_kv + d, kv.to(tl.bfloat16))
-    slot = tl.load(slot_ptr + t + tl.arange(0, 1)).to(tl.int64)
     store_record_tl(cache_ptr, slot, tl.reshape(kv, (1, KV_DIM)), num_slots, BLOCK_TOKENS, FMT)
 
 
@@ -107,9 +112,10 @@ def norm_rope_insert(
     eps: float,
     nope: int,
     kv: torch.Tensor,
-    qr8: tuple[torch.Tensor, torch.Tensor],
+    qr8: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> None:
-    """Fill ``kv`` bf16 [M, 512] and ``qr8`` (e4m3 [M, q_rank], uint8 [M, q_rank/32]); insert kv.
+    """Fill ``kv`` bf16 [M, 512] and ``qr8`` (e4m3 [M, q_rank], uint8 [M, q_rank/32]; None: no
+    q half, for a wq_b that normalises qr itself); insert kv.
 
     ``qkv`` bf16 [M, q_rank + kv_dim] (the Wqkv output); ``positions`` /
     ``slot_mapping`` [M] int; ``cos`` / ``sin`` fp32 [max_position, rope_dim/2].
@@ -119,9 +125,10 @@ def norm_rope_insert(
     expect = {
         "qkv": (qkv, torch.bfloat16, (m, q_rank + kv_dim)),
         "kv": (kv, torch.bfloat16, (m, kv_dim)),
-        "qr8 values": (qr8[0], E4M3, (m, q_rank)),
-        "qr8 codes": (qr8[1], torch.uint8, (m, q_rank // MX_BLOCK)),
     }
+    if qr8 is not None:
+        expect["qr8 values"] = (qr8[0], E4M3, (m, q_rank))
+        expect["qr8 codes"] = (qr8[1], torch.uint8, (m, q_rank // MX_BLOCK))
     for name, (t, dtype, shape) in expect.items():
         if t.dtype != dtype or tuple(t.shape) != shape or t.stride(-1) != 1:
             raise ValueError(
@@ -142,14 +149,14 @@ def norm_rope_insert(
         sin,
         window_cache.data,
         kv,
-        qr8[0],
-        qr8[1],
+        qr8[0] if qr8 is not None else kv,
+        qr8[1] if qr8 is not None else kv,
         window_cache.num_slots,
         eps,
         qkv.stride(0),
         kv.stride(0),
-        qr8[0].stride(0),
-        qr8[1].stride(0),
+        qr8[0].stride(0) if qr8 is not None else 0,
+        qr8[1].stride(0) if qr8 is not None else 0,
         Q_RANK=q_rank,
         Q_PAD=triton.next_power_of_2(q_rank),
         KV_DIM=kv_dim,
@@ -159,5 +166,6 @@ def norm_rope_insert(
         FMT=fmt_id(window_cache.fmt),
         num_warps=4,
         USE_PDL=pdl,
+        QR8=qr8 is not None,
         **pdl_launch_options(pdl),
     )
