@@ -155,14 +155,28 @@ def e4m3_round_tl(x):
 
 
 @triton.jit
-def mx_quantize_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """fp32 ``x [ROWS, COLS]`` -> (e4m3 values [ROWS, COLS], int32 codes [ROWS, COLS // 32])."""
+def _mx_scaled_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """fp32 ``x [ROWS, COLS]`` -> (its e4m3 values as exact fp32 [ROWS, COLS // 32, 32], int32
+    codes [ROWS, COLS // 32])."""
     blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
     code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
     scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
-    scaled = e4m3_round_tl(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
-    values = tl.reshape(scaled, (ROWS, COLS)).to(tl.float8e4nv)
-    return values, code
+    return e4m3_round_tl(tl.minimum(tl.maximum(scaled, -448.0), 448.0)), code
+
+
+@triton.jit
+def mx_quantize_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """fp32 ``x [ROWS, COLS]`` -> (e4m3 values [ROWS, COLS], int32 codes [ROWS, COLS // 32])."""
+    scaled, code = _mx_scaled_tl(x, ROWS, COLS)
+    return tl.reshape(scaled, (ROWS, COLS)).to(tl.float8e4nv), code
+
+
+@triton.jit
+def mx_round_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """``dequant(mxfp8(x))`` of fp32 ``x [ROWS, COLS]``, fp32: the rounded values are exact
+    e4m3 already, so no cast to e4m3 and back."""
+    scaled, code = _mx_scaled_tl(x, ROWS, COLS)
+    return tl.reshape(scaled * e8m0_scale_tl(code)[:, :, None], (ROWS, COLS))
 
 
 @triton.jit

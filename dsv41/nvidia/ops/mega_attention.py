@@ -122,16 +122,16 @@ def _rope_tl(x, d0, pos, max_pos, cos_ptr, sin_ptr, ROWS: tl.constexpr, W: tl.co
 
 @triton.jit
 def _epilogue_tl(
-    acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink_ptr, cos_ptr, sin_ptr,
+    acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink, cos_ptr, sin_ptr,
     xo_ptr, codes_ptr, lse_ptr,
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, W: tl.constexpr,
 ):  # fmt: skip
     """Dims ``d0 .. d0 + W`` of the tile's heads from ``acc = sum 2^(s2 - m_i) v`` and ``l_i = sum
-    2^(s2 - m_i)`` (log2 units): sink gate, inverse RoPE, bf16, MXFP8 stored in the fused O layout;
-    lse stored by the programs holding dim 0."""
+    2^(s2 - m_i)`` (log2 units): sink gate (``sink``: the heads' sink logits; the combine reads
+    them before its PDL wait, as no step kernel writes them), inverse RoPE, bf16, MXFP8 stored in
+    the fused O layout; lse stored by the programs holding dim 0."""
     has_key = l_i > 0.0
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * _LN2, -float("inf"))
-    sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
     gate = 1.0 / (1.0 + tl.exp(sink - lse))
     o = acc * tl.where(has_key, gate / tl.where(has_key, l_i, 1.0), 0.0)[:, None]
     o = bf16_round_tl(_rope_tl(o, d0, pos, max_pos, cos_ptr, sin_ptr, HT, W, True))
@@ -314,8 +314,9 @@ def mega_attention_kernel(
         m_i = m_new
 
     if SPLITS == 1:
+        sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
         _epilogue_tl(
-            acc, l_i, m_i, 0, token, heads, head_ok, pos, max_pos, sink_ptr, cos_ptr, sin_ptr,
+            acc, l_i, m_i, 0, token, heads, head_ok, pos, max_pos, sink, cos_ptr, sin_ptr,
             xo_ptr, codes_ptr, lse_ptr, H, G, HT, _HEAD_DIM,
         )  # fmt: skip
     else:
@@ -336,7 +337,6 @@ def mega_attention_combine_kernel(
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
     splits' partials rescaled to their common max and summed in split order, then the epilogue."""
-    pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
     d0 = tl.program_id(1) * W
@@ -344,6 +344,8 @@ def mega_attention_combine_kernel(
     hh = tl.program_id(2) * CH + tl.arange(0, CH)  # heads of the tile
     heads = (pid % TILES) * HT + hh
     head_ok = heads < H
+    sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
+    pdl_prologue_tl(USE_PDL)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     first = pid.to(tl.int64) * SPLITS
     m_i = tl.full((CH,), -float("inf"), tl.float32)
@@ -360,7 +362,7 @@ def mega_attention_combine_kernel(
         part = tl.load(part_o_ptr + ((first + t) * HT + hh[:, None]) * _HEAD_DIM + cols[None, :])
         acc += w[:, None] * part
     _epilogue_tl(
-        acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink_ptr, cos_ptr, sin_ptr,
+        acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink, cos_ptr, sin_ptr,
         xo_ptr, codes_ptr, lse_ptr, H, G, CH, W,
     )  # fmt: skip
 

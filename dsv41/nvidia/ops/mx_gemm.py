@@ -50,6 +50,7 @@ from dsv41.common.mx import (
     e8m0_scale_tl,
     mx_dequantize_tl,
     mx_quantize_tl,
+    mx_round_tl,
 )
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
@@ -133,12 +134,24 @@ def _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCKS: tl.co
 
 
 @triton.jit
-def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0, col, rms,
+def _gemv_norm_weight(norm_ptr, col, A_MODE: tl.constexpr):
+    """A_NORM: the norm weight at the CUDA-core tile's columns ``col`` (bf16), read with the
+    weight tile before the PDL wait (no step kernel writes it; a read after the wait would pay
+    an HBM miss on the chain); else ``col`` itself, unused."""
+    if A_MODE == A_NORM:
+        g = tl.load(norm_ptr + col)
+    else:
+        g = col
+    return g
+
+
+@triton.jit
+def _gemv_act(a_ptr, a_codes_ptr, g, row, stride_am, stride_acm, group, k0, col, rms,
               K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr):  # fmt: skip
     """Token ``row``'s activation at the CUDA-core tile's columns ``col [BLOCKS, 32]`` (from
     ``k0``), fp32, as its prologue makes it: MXFP8 values times their scales (A_MX), x cast
-    to MXFP8 (A_CAST), or ``mxfp8(bf16(qr * rms * weight))`` (A_NORM: ``rms`` the row's
-    ``_rms_factors``)."""
+    to MXFP8 (A_CAST), or ``mxfp8(bf16(qr * rms * g))`` (A_NORM: ``rms`` the row's
+    ``_rms_factors``, ``g`` the norm weight at ``col``)."""
     if A_MODE == A_MX:
         a8 = tl.load(a_ptr + row * stride_am + group * K + col)
         blk = tl.arange(0, BLOCKS)
@@ -146,15 +159,14 @@ def _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k
         return a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
     elif A_MODE == A_CAST:  # this row's slice of x, one MX block a row of the tile
         x = tl.load(a_ptr + row * stride_am + col)
-        return _mx_round(x.to(tl.float32), BLOCKS, _MX)
+        return mx_round_tl(x.to(tl.float32), BLOCKS, _MX)
     else:
         x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
-        g = tl.load(norm_ptr + col).to(tl.float32)
-        return _mx_round(bf16_round_tl(x * rms * g), BLOCKS, _MX)
+        return mx_round_tl(bf16_round_tl(x * rms * g.to(tl.float32)), BLOCKS, _MX)
 
 
 @triton.jit
-def _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, norm_ptr, first, M, stride_am, stride_acm,
+def _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, g, first, M, stride_am, stride_acm,
                group, k0, rms, K: tl.constexpr, BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
                A_MODE: tl.constexpr):  # fmt: skip
     """``acc [BLOCK_M, BLOCK_N]`` plus the CUDA-core tile's dots with each token row ``first
@@ -165,7 +177,7 @@ def _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, norm_ptr, first, M, stride_
     wf = w8.to(tl.float32)
     for r in tl.static_range(BLOCK_M):
         row = tl.minimum(first + r, M - 1)  # rows past M: stored nowhere
-        a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, row, stride_am, stride_acm, group, k0, col,
+        a = _gemv_act(a_ptr, a_codes_ptr, g, row, stride_am, stride_acm, group, k0, col,
                       tl.sum(tl.where(token == r, rms, 0.0)), K, BLOCKS, A_MODE)  # fmt: skip
         dots = tl.sum(tl.sum(wf * a[:, None, :], axis=2) * ws, axis=0)  # [BLOCK_N]
         acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
@@ -203,13 +215,6 @@ def _rms_factors(a_ptr, first, M, stride_am, eps, K: tl.constexpr, K_PAD: tl.con
         q = tl.load(a_ptr + row * stride_am + kq, mask=kq < K, other=0.0).to(tl.float32)
         rms += tl.where(token == r, rms_factor_tl(q, K, eps), 0.0)
     return rms
-
-
-@triton.jit
-def _mx_round(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``dequant(mxfp8(x))`` of an fp32 tile whose 32-column blocks are MX blocks."""
-    v, c = mx_quantize_tl(x, BLOCK_M, BLOCK_K)
-    return mx_dequantize_tl(v, c, BLOCK_M, BLOCK_K)
 
 
 @triton.jit
@@ -304,9 +309,11 @@ def mx_gemm_kernel(
                          "the CUDA-core loop takes K_STEPS whole K steps and a tail a program")
         BLOCKS: tl.constexpr = BLOCK_K // _MX
         w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS)
+        g = _gemv_norm_weight(norm_ptr, col, A_MODE)
         if K_TAIL > 0:  # a K that is no power of two: its last columns, also before the wait
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
+            tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
@@ -330,19 +337,20 @@ def mx_gemm_kernel(
             k0 = pid_k * K_SPLIT + step * BLOCK_K
             if step > 0:
                 w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
+                g = _gemv_norm_weight(norm_ptr, col, A_MODE)
             if LANES:
                 ws = e8m0_scale_tl(wc.to(tl.int32))
-                a = _gemv_act(a_ptr, a_codes_ptr, norm_ptr, tl.minimum(pid_m, M - 1), stride_am,
+                a = _gemv_act(a_ptr, a_codes_ptr, g, tl.minimum(pid_m, M - 1), stride_am,
                               stride_acm, group, k0, col, tl.sum(rms), K, BLOCKS, A_MODE)  # fmt: skip
                 lanes += w8.to(tl.float32) * a[:, None, :] * ws[:, :, None]
             else:
-                acc = _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, norm_ptr, pid_m * BLOCK_M,
+                acc = _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, g, pid_m * BLOCK_M,
                                  M, stride_am, stride_acm, group, k0, rms, K, BLOCKS, BLOCK_M,
                                  A_MODE)  # fmt: skip
         if LANES:
             acc += tl.sum(tl.sum(lanes, axis=2), axis=0)[None, :]
         if K_TAIL > 0:
-            acc = _gemv_rows(acc, t8, tc, tcol, a_ptr, a_codes_ptr, norm_ptr, pid_m * BLOCK_M, M,
+            acc = _gemv_rows(acc, t8, tc, tcol, a_ptr, a_codes_ptr, tg, pid_m * BLOCK_M, M,
                              stride_am, stride_acm, group, (pid_k + 1) * K_SPLIT - K_TAIL, rms, K,
                              K_TAIL // _MX, BLOCK_M, A_MODE)  # fmt: skip
         if A8_OUT:  # a's MXFP8 form (x cast in the prologue), once: the first N tile stores it
@@ -378,11 +386,11 @@ def mx_gemm_kernel(
                 x = tl.load(
                     a_ptr + rows[:, None] * stride_am + k[None, :], mask=row_ok[:, None], other=0.0
                 )
-                a = _mx_round(x.to(tl.float32), BLOCK_M, BLOCK_K)
+                a = mx_round_tl(x.to(tl.float32), BLOCK_M, BLOCK_K)
             else:
                 o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
                                     G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
-                a = _mx_round(o, BLOCK_M, BLOCK_K)
+                a = mx_round_tl(o, BLOCK_M, BLOCK_K)
             if DOT_BF16:
                 acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
             else:
