@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -113,6 +113,13 @@ if [ "$what" = s13d ]; then
   old --backend nvidia --tp 2 --tokens 1
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --gemv-trace 2>&1 | tail -6
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline 2>&1 | tail -8
+fi
+if [ "$what" = s13e ]; then
+  # Session 13, call 5 (about 4 minutes): the final tree's tables, nvidia and mono, both shares.
+  for tp in 4 2; do
+    b --backend nvidia,mono --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
+      | sed "s/^/tp $tp: /"
+  done
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.
