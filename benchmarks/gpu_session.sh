@@ -115,7 +115,11 @@ if [ "$what" = s13d ]; then
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline 2>&1 | tail -8
 fi
 if [ "$what" = s13e ]; then
-  # Session 13, call 5 (about 4 minutes): the final tree's tables, nvidia and mono, both shares.
+  # Session 13, call 5 (about 5 minutes): the final tree's tables, nvidia and mono, both shares;
+  # wo_b at one token in 16-row tiles (DSV41_GEMV_TILE=32768) against 8, twice.
+  for r in 1 2; do
+    for sets in "" "DSV41_GEMV_TILE=32768"; do v "$sets" --backend nvidia --tp 4 --tokens 1; done
+  done
   for tp in 4 2; do
     b --backend nvidia,mono --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
       | sed "s/^/tp $tp: /"
