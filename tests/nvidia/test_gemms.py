@@ -397,7 +397,8 @@ def test_bad_inputs_name_the_argument(layer):
         mx_gemm(a, w, block_to_row_scales(codes),
                 config=GemmConfig(block_m=1, block_n=8, block_k=64, split_k=1, gemv=True,
                                   k_tail=96))  # fmt: skip
-    with pytest.raises(ValueError, match="a8_out: the cast of a bf16 a on the CUDA-core loop"):
+    with pytest.raises(ValueError, match="a8_out: expected a bf16 a on the CUDA-core loop and "
+                                         "no out8, got an a that"):  # fmt: skip
         mx_gemm(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale,
                 a8_out=mxfp8_quantize(x))  # fmt: skip
     short = Scratch()

@@ -30,7 +30,11 @@ dot is broken); both accumulate in fp32. Buckets up to ``GEMV_MAX_M`` (two token
 take a CUDA-core loop instead (``GEMV``): one weight tile a program, loaded
 before the PDL wait, fp32 FMAs, no MMA tile padded to 16 rows (a config may give
 a program ``k_steps`` tiles along K, unrolled: with ``split_k = 1`` no partial
-sums at all; ``profile_step.py --sweep`` times those).
+sums at all; ``profile_step.py --sweep`` times those). At one token a K past
+``GEMV_BLOCK_K_MAX`` or no power of two takes whole rows as a power-of-two tile
+and a tail (``k_tail``), both loaded before the PDL wait. With ``a8_out`` the
+A_CAST prologue's MXFP8 form of ``a`` is stored too (by the first N tile's
+programs): wo_b casting z, so that wo_a needs no MXFP8 epilogue.
 """
 
 from __future__ import annotations
@@ -93,8 +97,11 @@ GEMV_QUANT_TILE_BYTES = 8192  # the same for wo_a, which casts its output; DSV41
 GEMV_BLOCK_K_MAX = 2048
 GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
 GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS overrides it)
-# One token, whole rows of Wqkv's 5120 / wq_b's 1280 columns as 4096 + 1024 / 1024 + 256, both
-# loaded before the PDL wait: no split-K sum (0: off).
+# One token, whole rows of Wqkv's 5120 / wq_b's 1280 columns as 4096 + 1024 / 1024 + 256 (and
+# wo_a's 4096 when z is cast in wo_b), both loaded before the PDL wait: no split-K sum (0: off).
+# H200 session 13, tp 4 / tp 2, M = 1: 32 KB tiles (4 / 16 / 8 rows, 8 warps) 29.8 / - us, with
+# z cast in wo_b 29.5 / 41.7, against 30.3-31.0 / 43.8 split; 16 KB tiles (Wqkv 2 rows of 4
+# warps at 80 registers: more than one wave) 34.1 / -.
 GEMV_TAIL_BYTES = 32768
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
@@ -737,10 +744,10 @@ def mx_gemm(
     )  # fmt: skip
     if a8_out is not None:
         if mode != A_CAST or quant or not cfg.gemv:
+            got = "a bf16 a" if mode == A_CAST else "an a that is no bf16 tensor"
             raise ValueError(
-                f"a8_out: the cast of a bf16 a on the CUDA-core loop without out8, got "
-                f"{'a bf16 a' if mode == A_CAST else 'no bf16 a'}, out8 "
-                f"{'given' if quant else 'none'} and {cfg}"
+                f"a8_out: expected a bf16 a on the CUDA-core loop and no out8, got {got}, "
+                f"out8 {'given' if quant else 'none'} and {cfg}"
             )
         _check("a8_out values", a8_out[0], E4M3, (m, k))
         _check("a8_out codes", a8_out[1], torch.uint8, (m, k // MX_BLOCK))
