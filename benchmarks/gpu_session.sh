@@ -34,9 +34,9 @@ v() {
 }
 # ab VAR "V1 V2 ..." ARGS: b ARGS once for each value of the switch VAR, rows tagged with both.
 ab() {
-  local var=$1 vals=$2 v
+  local var=$1 vals=$2 val
   shift 2
-  for v in $vals; do (export "$var=$v"; b "$@") | sed "s|^|$var=$v $*: |"; done
+  for val in $vals; do v "$var=$val" "$@"; done
 }
 
 if [ "$what" = tests ] || [ "$what" = all ]; then

@@ -489,11 +489,12 @@ def gemv_max_steps() -> int:
     return env_int("DSV41_GEMV_STEPS", GEMV_MAX_STEPS, lambda v: 1 <= v <= 8, "1 .. 8")
 
 
-def _tile_bytes(name: str, default: int) -> int:
-    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 32768) when set, else
-    ``default``."""
-    return env_int(name, default, lambda v: 4096 <= v <= 32768 and v & (v - 1) == 0,
-                   "a power of two 4096 .. 32768")  # fmt: skip
+def _tile_bytes(name: str, default: int, off: bool = False) -> int:
+    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 32768; with ``off`` also 0)
+    when set, else ``default``."""
+    return env_int(name, default,
+                   lambda v: (off and v == 0) or (4096 <= v <= 32768 and v & (v - 1) == 0),
+                   ("0 or " if off else "") + "a power of two 4096 .. 32768")  # fmt: skip
 
 
 def gemv_tile() -> int:
@@ -523,9 +524,7 @@ def gemv_tail_tile() -> int:
     """Weight bytes of a one-token whole-row tile whose K takes a tail or exceeds
     ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
     or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
-    return env_int("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES,
-                   lambda v: v == 0 or (4096 <= v <= 32768 and v & (v - 1) == 0),
-                   "0 or a power of two 4096 .. 32768")  # fmt: skip
+    return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
 
 
 def _head_tail(k: int) -> tuple[int, int]:
