@@ -13,7 +13,8 @@ under the profiler (CUPTI): each kernel of one layer step, its start and end aft
 of the step before, so PDL's early starts and every kernel's own span show. ``--gemv-trace``:
 the same graph with every GEMM program stamping its start, the end of its PDL wait and its end
 (``Scratch.trace``): which programs started only after their predecessor ended, and how long a
-program runs past its wait.
+program runs past its wait. ``--attn-trace``: that with the attention and combine programs'
+stamps too (``mega_attention.trace_buffer``), on the same clock.
 
     python benchmarks/profile_step.py --tp 4 --tokens 1,48 --breakdown --sweep --attn-sweep
 """
@@ -177,13 +178,18 @@ def timeline(dims: Dims, tokens: list[int], replays: int = 6) -> None:
             print(f"  {start - t0:7.2f} {end - t0:7.2f} {end - start:7.2f}  {name[:48]}")
 
 
-def gemv_trace(dims: Dims, tokens: list[int], replays: int = 5) -> None:
+def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: int = 5) -> None:
     from dsv41.bench import capture_graph, graph_layers, graph_scenarios, layer_steps, step_function
+    from dsv41.nvidia.ops import mega_attention as attn
     from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for
     from dsv41.nvidia.step import GEMM_SITES
 
     lws = graph_layers(dims, 0)  # the bench's graph: the last layer's stamps stay
     step = step_function("nvidia")
+
+    def q(v, p):
+        return float(v.quantile(p))
+
     try:
         for m in tokens:
             traces = {}
@@ -191,6 +197,9 @@ def gemv_trace(dims: Dims, tokens: list[int], replays: int = 5) -> None:
                 traces[site] = torch.zeros(1 << 14, TRACE_FIELDS, dtype=torch.int64,
                                            device="cuda")  # fmt: skip
                 scratch_for(site).trace = traces[site]
+            if attention:
+                attn.trace_buffer = torch.zeros(1 << 14, attn.TRACE_FIELDS, dtype=torch.int64,
+                                                device="cuda")  # fmt: skip
             graph = capture_graph(layer_steps(step, lws, graph_scenarios(dims, lws, m)))
             for _ in range(replays):
                 graph.replay()
@@ -209,19 +218,33 @@ def gemv_trace(dims: Dims, tokens: list[int], replays: int = 5) -> None:
                 first_wait = waited.min()
                 per_sm = torch.bincount(t[:, 3].long())
                 work = end - waited
-
-                def q(v, p):
-                    return float(v.quantile(p))
-
                 sms = f"{int((per_sm > 0).sum()):3d} {int(per_sm.max()):3d}"
                 print(f"  {site:6s} {len(t):5d} {sms} "
                       f"| {q(start, 0):6.2f} {q(start, .5):6.2f} {q(start, 1):6.2f} "
                       f"| {int((start > first_wait).sum()):4d} "
                       f"| {q(waited, 0):6.2f} {q(waited, 1):6.2f} | {q(end, .5):6.2f} "
                       f"{q(end, 1):6.2f} | {q(work, .5):5.2f} {q(work, 1):5.2f}")
+            if attention:  # rows of both launches: attention's have field 4 (loop done) set
+                t = attn.trace_buffer
+                t = t[t[:, 0] > 0]
+                print("  attention and combine programs, same clock: p0 / p50 / p100 of each "
+                      "stamp")
+                names = ("start", "keys in", "waited", "q ready", "loop done", "end")
+                for name, rows, fields in (
+                    ("attention", t[t[:, 4] > 0], (0, 1, 2, 3, 4, 5)),
+                    ("combine", t[t[:, 4] == 0], (0, 2, 5)),
+                ):  # fmt: skip
+                    cells = " | ".join(
+                        f"{names[f]} {q(v, 0):.2f} {q(v, .5):.2f} {q(v, 1):.2f}"
+                        for f in fields if bool((rows[:, f] > 0).all())
+                        for v in [(rows[:, f].double() - t0) / 1e3]
+                    )  # fmt: skip
+                    sms = int(torch.bincount(rows[:, 6]).gt(0).sum()) if len(rows) else 0
+                    print(f"  {name:9s} {len(rows):4d} progs {sms:3d} SMs | {cells}")
     finally:
         for site in GEMM_SITES:
             scratch_for(site).trace = None
+        attn.trace_buffer = None
 
 
 def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
@@ -316,6 +339,7 @@ def main() -> None:
     p.add_argument("--chain", action="store_true")
     p.add_argument("--timeline", action="store_true")
     p.add_argument("--gemv-trace", action="store_true")
+    p.add_argument("--attn-trace", action="store_true", help="--gemv-trace with attention's")
     args = p.parse_args()
     dims = Dims.of(args.config, args.tp)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -329,8 +353,8 @@ def main() -> None:
         chain(dims, tokens)
     if args.timeline:
         timeline(dims, tokens)
-    if args.gemv_trace:
-        gemv_trace(dims, tokens)
+    if args.gemv_trace or args.attn_trace:
+        gemv_trace(dims, tokens, attention=args.attn_trace)
 
 
 if __name__ == "__main__":

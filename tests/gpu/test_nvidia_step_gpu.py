@@ -6,6 +6,8 @@ prefill size 512 through the same kernels; a CUDA graph replay
 of the step equals the eager step, bit for bit, also after new inputs.
 """
 
+import itertools
+
 import pytest
 import torch
 
@@ -156,3 +158,43 @@ def test_gemm_trace_stamps_every_program(layer):
         t = t[:stamped]
         assert bool((t[:, 0] <= t[:, 1]).all() and (t[:, 1] <= t[:, 2]).all()), site
         assert bool((t[:, 3] >= 0).all() and (t[:, 3] < sms).all()), site
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_attention_trace_stamps_every_program(layer, tokens):
+    """A traced step (``mega_attention.trace_buffer``, what ``profile_step.py --attn-trace``
+    reads): every attention program stamps start <= (early keys in <=) wait over <= q ready <=
+    loop done <= end, every combine program start <= wait over <= end, each on an SM of the GPU,
+    one row a program of both launches; the output equals the untraced step's."""
+    from dsv41.nvidia.ops import mega_attention as attn
+    from dsv41.nvidia.ops.mx_gemm import sm_count
+
+    sc = make_scenario(layer.dims, LAYER_ID, tokens, fmt="fp8_ds_mla", seed=6, device=DEVICE)
+    a, b = sc.clone_caches(), sc.clone_caches()
+    want = nvidia_step(layer, a.x, a.positions, a.slot_mapping, a.key_table, a.window_cache,
+                       a.compressed_cache)  # fmt: skip
+    attn.trace_buffer = torch.zeros(1 << 12, attn.TRACE_FIELDS, dtype=torch.int64, device=DEVICE)
+    try:
+        got = nvidia_step(layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache,
+                          b.compressed_cache)  # fmt: skip
+        torch.cuda.synchronize()
+        t = attn.trace_buffer.cpu()
+    finally:
+        attn.trace_buffer = None
+    assert torch.equal(got["y"], want["y"]) and torch.equal(got["xo"][0].view(torch.uint8),
+                                                            want["xo"][0].view(torch.uint8))
+    heads = layer.dims.heads
+    sms = sm_count(DEVICE)
+    splits, _ = attn.attention_splits(tokens, heads, sc.key_table.shape[1], sms)
+    tiles = attn.head_tile_pairs(tokens, heads)
+    programs = tiles * splits + (tiles * attn.COMBINE_PROGRAMS if splits > 1 else 0)
+    assert bool((t[:programs, 0] > 0).all()) and bool((t[programs:] == 0).all())
+    ours, comb = t[: tiles * splits], t[tiles * splits: programs]
+    early = tokens == 1  # one key block a split, its records ready: read before the wait
+    assert bool((ours[:, 1] > 0).all() if early else (ours[:, 1] == 0).all())
+    order = (0, 1, 2, 3, 4, 5) if early else (0, 2, 3, 4, 5)
+    for f, g in itertools.pairwise(order):
+        assert bool((ours[:, f] <= ours[:, g]).all()), (f, g)
+    assert bool((comb[:, 0] <= comb[:, 2]).all() and (comb[:, 2] <= comb[:, 5]).all())
+    assert bool((comb[:, 3:5] == 0).all())
+    assert bool((t[:programs, 6] >= 0).all() and (t[:programs, 6] < sms).all())

@@ -28,6 +28,7 @@ from dsv41.common.reference import mx_linear, rmsnorm, wo_a_grouped
 from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mx_gemm import (
+    GEMV_BLOCK_K_MAX,
     GEMV_MAX_M,
     GEMV_QUANT_TILE_BYTES,
     GEMV_SPLIT_TILE_BYTES,
@@ -206,7 +207,9 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
 def test_one_token_takes_whole_rows_with_a_tail(monkeypatch):
     """Real geometry, tp 4, one token: a K past GEMV_BLOCK_K_MAX takes whole rows of
     ``DSV41_GEMV_TAIL`` bytes as a power-of-two tile and a tail (Wqkv 4096 + 1024, wq_b 1024 +
-    256, wo_a without its MXFP8 epilogue 4096); two tokens, and a tail rule of 0, split K."""
+    256, wo_a without its MXFP8 epilogue 4096); two tokens, and a tail rule of 0, split K. A K of
+    2048 (wo_b) takes that many bytes of whole rows too (16); without them, or at two tokens,
+    ``gemv_tile()``'s (8)."""
     for name in ("DSV41_GEMV_TAIL", "DSV41_GEMV_TILE", "DSV41_GEMV_STEPS", "DSV41_GEMV_MAX_M"):
         monkeypatch.delenv(name, raising=False)
     shapes = gemm_shapes(Dims.of("dsv41-flash", 4))
@@ -221,6 +224,14 @@ def test_one_token_takes_whole_rows_with_a_tail(monkeypatch):
         monkeypatch.setenv("DSV41_GEMV_TAIL", "0")
         assert gemm_config(1, n, k, n_per_group=npg or n, quant_out=False, sms=132).split_k > 1
         monkeypatch.delenv("DSV41_GEMV_TAIL")
+    n, k, npg, _ = shapes["wo_b"]
+    assert k == GEMV_BLOCK_K_MAX and GEMV_TAIL_BYTES // k == 16 and GEMV_TILE_BYTES // k == 8
+    cfg = gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132)
+    assert (cfg.block_n, cfg.block_k, cfg.k_tail, cfg.split_k, cfg.num_warps) == (16, k, 0, 1, 8)
+    monkeypatch.setenv("DSV41_GEMV_TAIL", "0")
+    assert gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132).block_n == 8
+    monkeypatch.delenv("DSV41_GEMV_TAIL")
+    assert gemm_config(2, n, k, n_per_group=n, quant_out=False, sms=132).block_n == 8
     n, k, npg, _ = shapes["wo_a"]
     assert gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=132).split_k > 1  # casts z
     for bad in ("1", "65536", "x"):

@@ -52,6 +52,7 @@ from dsv41.common.kv_records_tl import (
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
+from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
@@ -62,6 +63,7 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
 # (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16-head programs; session 7: 37.6
 # against 38.9 with 2 heads and 39.1 with 1)
+COMBINE_PROGRAMS = HEAD_DIM // COMBINE_CHUNK * (HEAD_TILE // COMBINE_HEADS)  # a tile's combine
 # Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
 # each tier of (token, head tile) pairs (DSV41_ATTN_PROGRAMS_PER_SM overrides every tier). H200
 # (132 SMs), graph-replayed steps (session 10), us, these tiers against 4 a SM everywhere (the
@@ -103,6 +105,23 @@ _HALF_ROPE = tl.constexpr(ROPE_DIM // 2)  # 32 rope pairs: the width of the cos 
 _Q_CHUNK = tl.constexpr(Q_CHUNK)  # 16
 _O_CHUNK = tl.constexpr(O_CHUNK)  # 32
 _LN2 = tl.constexpr(math.log(2.0))
+# The opt-in trace of the attention launches (``profile_step.py --attn-trace`` sets
+# ``trace_buffer``, int64 [>= programs of both launches, TRACE_FIELDS], GPU only): each program
+# stamps %globaltimer (ns) into its row. Attention: start, its early keys in registers (0 where
+# not EARLY), PDL wait over, q RoPE'd, its loop done, end, SM; the combine, in the rows after
+# attention's: start, 0, wait over, 0, 0, end, SM. A stamp after data takes an operand computed
+# from that data, so it is not taken before the data arrives (a reduction each: the trace
+# perturbs what it measures a little).
+TRACE_FIELDS = 8
+_TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
+trace_buffer: torch.Tensor | None = None
+
+
+@triton.jit
+def _stamp_tl(at, field: tl.constexpr, data):
+    """%globaltimer into ``at[field]`` once the fp32 tensor ``data`` is computed."""
+    arrived = tl.sum(tl.reshape(data, (data.numel,)), axis=0).to(tl.int32)
+    tl.store(at + field, globaltimer_tl(arrived))
 
 
 @triton.jit
@@ -245,13 +264,20 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
 
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
-    several blocks, aligned rows, GPU only): the split's records are asked of the L2 first."""
+    several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
+    if TRACE:
+        row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
+        stamps = trace_ptr + row * _TRACE_FIELDS
+        tl.store(stamps, globaltimer_tl(tl.program_id(0)))
+        tl.store(stamps + 1, 0)
     if not EARLY:
         pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
@@ -268,7 +294,11 @@ def mega_attention_kernel(
                                              win_ptr, comp_ptr, window_slots, compressed_slots,
                                              KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
                                              ALIGNED)  # fmt: skip
+        if TRACE:
+            _stamp_tl(stamps, 1, k_early)
         pdl_prologue_tl(USE_PDL)
+    if TRACE:
+        tl.store(stamps + 2, globaltimer_tl(pid))
     if PREFETCH:
         tl.static_assert(ALIGNED and not EARLY, "a bulk prefetch takes 16-B aligned rows")
         _prefetch_records_tl(table_ptr + token.to(tl.int64) * KEYS, split * KEYS_PER_SPLIT,
@@ -280,6 +310,8 @@ def mega_attention_kernel(
     q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
     q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
     q = bf16_round_tl(_rope_tl(q, 0, pos, max_pos, cos_ptr, sin_ptr, HT, _HEAD_DIM, False))
+    if TRACE:
+        _stamp_tl(stamps, 3, q)
     if DOT_BF16:
         q = q.to(tl.bfloat16)
 
@@ -312,6 +344,8 @@ def mega_attention_kernel(
         else:
             acc = tl.dot(p, k, acc, input_precision="ieee")
         m_i = m_new
+    if TRACE:
+        _stamp_tl(stamps, 4, acc)
 
     if SPLITS == 1:
         sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
@@ -326,6 +360,9 @@ def mega_attention_kernel(
         tl.store(part_o_ptr + (at * HT + hh[:, None]) * _HEAD_DIM + d[None, :], acc)
         tl.store(part_stat_ptr + at * (2 * HT) + hh, m_i)
         tl.store(part_stat_ptr + at * (2 * HT) + HT + hh, l_i)
+    if TRACE:
+        tl.store(stamps + 5, globaltimer_tl(pid))
+        tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
 @triton.jit(do_not_specialize=["max_pos"])
@@ -333,12 +370,17 @@ def mega_attention_combine_kernel(
     pos_ptr, sink_ptr, cos_ptr, sin_ptr, xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
     max_pos,
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
-    CH: tl.constexpr, USE_PDL: tl.constexpr = False,
+    CH: tl.constexpr, USE_PDL: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
-    splits' partials rescaled to their common max and summed in split order, then the epilogue."""
+    splits' partials rescaled to their common max and summed in split order, then the epilogue.
+    ``TRACE``: this program's stamps in ``trace_ptr``'s row (start, wait over, end, SM)."""
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
+    if TRACE:
+        row = (pid * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+        stamps = trace_ptr + row.to(tl.int64) * _TRACE_FIELDS
+        tl.store(stamps, globaltimer_tl(pid))
     d0 = tl.program_id(1) * W
     token = pid // TILES
     hh = tl.program_id(2) * CH + tl.arange(0, CH)  # heads of the tile
@@ -346,6 +388,8 @@ def mega_attention_combine_kernel(
     head_ok = heads < H
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
     pdl_prologue_tl(USE_PDL)
+    if TRACE:
+        tl.store(stamps + 2, globaltimer_tl(pid))
     pos = tl.load(pos_ptr + token).to(tl.int64)
     first = pid.to(tl.int64) * SPLITS
     m_i = tl.full((CH,), -float("inf"), tl.float32)
@@ -365,6 +409,9 @@ def mega_attention_combine_kernel(
         acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink, cos_ptr, sin_ptr,
         xo_ptr, codes_ptr, lse_ptr, H, G, CH, W,
     )  # fmt: skip
+    if TRACE:
+        tl.store(stamps + 5, globaltimer_tl(pid))
+        tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
 def early_keys() -> bool:
@@ -540,6 +587,14 @@ def mega_attention(
     pdl = pdl_enabled(tokens)
     early = records_ready and keys_per_split == KEY_BLOCK and early_keys()
     aligned = _rows_aligned(window_cache, comp)
+    trace = trace_buffer
+    programs = tiles * splits + (tiles * COMBINE_PROGRAMS if splits > 1 else 0)
+    if trace is not None and (trace.dtype != torch.int64 or trace.device != device
+                              or trace.shape[0] < programs
+                              or tuple(trace.shape[1:]) != (TRACE_FIELDS,)):  # fmt: skip
+        raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
+                         f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
+                         f"on {trace.device}")  # fmt: skip
     mega_attention_kernel[(tiles, splits)](
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
@@ -552,6 +607,7 @@ def mega_attention(
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
+        trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
@@ -560,7 +616,8 @@ def mega_attention(
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
-            CH=COMBINE_HEADS, num_warps=4,
-            USE_PDL=pdl, **pdl_launch_options(pdl),
+            CH=COMBINE_HEADS, num_warps=4, USE_PDL=pdl,
+            trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
+            **pdl_launch_options(pdl),
         )  # fmt: skip
     return xo, xo_codes, lse

@@ -538,19 +538,20 @@ def _head_tail(k: int) -> tuple[int, int]:
 
 
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
-    """Whole rows where they fit ``gemv_tile()`` bytes (no split-K sum) in <=
-    ``gemv_max_steps()`` unrolled K steps; at one token, where they fit ``gemv_tail_tile()``
-    bytes, as a power-of-two tile and a tail; else ``gemv_split_tile()`` bytes a tile, split
-    over K."""
+    """Whole rows where they fit ``gemv_tile()`` bytes (at one token ``gemv_tail_tile()``
+    bytes, unless that is 0) with no split-K sum in <= ``gemv_max_steps()`` unrolled K steps;
+    at one token, where they fit ``gemv_tail_tile()`` bytes, as a power-of-two tile and a tail;
+    else ``gemv_split_tile()`` bytes a tile, split over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
-    rows = min(GEMV_BLOCK_N[1], gemv_tile() // k)
+    one = gemv_tail_tile() if m == 1 else 0  # one token: the bytes of a whole-row tile
+    # (H200, tp 4, M = 1: wo_b in 16 rows of 2048, 27.7 / 27.7 us against 8 rows, 29.5 / 28.7)
+    rows = min(GEMV_BLOCK_N[1], (one or gemv_tile()) // k)
     head, tail = _head_tail(k)
     k_tail = 0
     if not quant_out and rows >= 1 and k // block_k <= gemv_max_steps():
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
         k_steps, split_k = k // block_k, 1
-    elif m == 1 and not quant_out and head and gemv_tail_tile() >= k:
-        rows = min(GEMV_BLOCK_N[1], gemv_tail_tile() // k)
+    elif one and not quant_out and head and one >= k:
         block_n = 1 << (rows.bit_length() - 1)
         block_k, k_tail, k_steps, split_k = head, tail, 1, 1
     else:  # split K; QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
