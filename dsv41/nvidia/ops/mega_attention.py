@@ -125,35 +125,40 @@ def _stamp_tl(at, field: tl.constexpr, data):
 
 
 @triton.jit
-def _rope_tl(x, d0, pos, max_pos, cos_ptr, sin_ptr, ROWS: tl.constexpr, W: tl.constexpr,
-             INVERSE: tl.constexpr):  # fmt: skip
-    """fp32 ``x [ROWS, W]`` holding dims ``d0 .. d0 + W`` (``d0`` even) of a head: the GPT-J pairs
-    ``(448 + 2i, 449 + 2i)`` among them turned by ``pos`` (back if INVERSE), the rest unchanged."""
-    v0, v1 = tl.split(tl.reshape(x, (ROWS, W // 2, 2)))
+def _rope_angles_tl(d0, pos, max_pos, cos_ptr, sin_ptr, W: tl.constexpr):
+    """``(cos, sin) [W / 2]`` of the column pairs of dims ``d0 .. d0 + W`` (``d0`` even) of a head
+    at ``pos``: the GPT-J pair ``(448 + 2i, 449 + 2i)``'s angle, (1, 0) for nope pairs and a bad
+    position. A kernel reads them before its PDL wait: no step kernel writes positions or tables."""
     i = (d0 - _NOPE) // 2 + tl.arange(0, W // 2)  # rope pair of each column pair, < 0 for nope
     at = pos * _HALF_ROPE + i
     turn = tl.where((pos >= 0) & (pos < max_pos), i, -1) >= 0  # nope pairs, bad positions stay put
-    c = tl.load(cos_ptr + at, mask=turn, other=1.0)[None, :]
-    s = tl.load(sin_ptr + at, mask=turn, other=0.0)[None, :]
-    r0, r1 = rope_pair_tl(v0, v1, c, s, INVERSE)
+    return tl.load(cos_ptr + at, mask=turn, other=1.0), tl.load(sin_ptr + at, mask=turn, other=0.0)
+
+
+@triton.jit
+def _rope_tl(x, c, s, ROWS: tl.constexpr, W: tl.constexpr, INVERSE: tl.constexpr):
+    """fp32 ``x [ROWS, W]`` holding W dims of a head, each column pair turned by its angle ``(c,
+    s) [W / 2]`` (``_rope_angles_tl``; back if INVERSE)."""
+    v0, v1 = tl.split(tl.reshape(x, (ROWS, W // 2, 2)))
+    r0, r1 = rope_pair_tl(v0, v1, c[None, :], s[None, :], INVERSE)
     return tl.reshape(tl.join(r0, r1), (ROWS, W))
 
 
 @triton.jit
 def _epilogue_tl(
-    acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink, cos_ptr, sin_ptr,
-    xo_ptr, codes_ptr, lse_ptr,
+    acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr,
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, W: tl.constexpr,
 ):  # fmt: skip
     """Dims ``d0 .. d0 + W`` of the tile's heads from ``acc = sum 2^(s2 - m_i) v`` and ``l_i = sum
-    2^(s2 - m_i)`` (log2 units): sink gate (``sink``: the heads' sink logits; the combine reads
-    them before its PDL wait, as no step kernel writes them), inverse RoPE, bf16, MXFP8 stored in
-    the fused O layout; lse stored by the programs holding dim 0."""
+    2^(s2 - m_i)`` (log2 units): sink gate, inverse RoPE, bf16, MXFP8 stored in the fused O
+    layout; lse stored by the programs holding dim 0. ``sink`` (the heads' sink logits) and ``(c,
+    s)`` (``_rope_angles_tl`` of these dims) are read before the PDL wait: no step kernel writes
+    them."""
     has_key = l_i > 0.0
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * _LN2, -float("inf"))
     gate = 1.0 / (1.0 + tl.exp(sink - lse))
     o = acc * tl.where(has_key, gate / tl.where(has_key, l_i, 1.0), 0.0)[:, None]
-    o = bf16_round_tl(_rope_tl(o, d0, pos, max_pos, cos_ptr, sin_ptr, HT, W, True))
+    o = bf16_round_tl(_rope_tl(o, c, s, HT, W, True))
     values, codes = mx_quantize_tl(o, HT, W)
     # Fused O: head g * G + e, dim c * 32 + j -> g * G * 512 + (c * G + e) * 32 + j; code at
     # g * G * 16 + c * G + e.
@@ -278,8 +283,6 @@ def mega_attention_kernel(
         stamps = trace_ptr + row * _TRACE_FIELDS
         tl.store(stamps, globaltimer_tl(tl.program_id(0)))
         tl.store(stamps + 1, 0)
-    if not EARLY:
-        pdl_prologue_tl(USE_PDL)
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -287,7 +290,11 @@ def mega_attention_kernel(
     heads = (pid % TILES) * HT + tl.arange(0, HT)
     head_ok = heads < H
     d = tl.arange(0, _HEAD_DIM)
+    # Before the PDL wait, what no step kernel writes: the position, its RoPE angles (q's, and
+    # o's in the one-split epilogue) and the sink logits (used by that epilogue only).
     pos = tl.load(pos_ptr + token).to(tl.int64)
+    cos_a, sin_a = _rope_angles_tl(0, pos, max_pos, cos_ptr, sin_ptr, _HEAD_DIM)
+    sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
     if EARLY:
         tl.static_assert(KEYS_PER_SPLIT == BK, "an early split is one key block")
         k_early, valid_early = _key_block_tl(table_ptr + token.to(tl.int64) * KEYS, split * BK,
@@ -296,7 +303,7 @@ def mega_attention_kernel(
                                              ALIGNED)  # fmt: skip
         if TRACE:
             _stamp_tl(stamps, 1, k_early)
-        pdl_prologue_tl(USE_PDL)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
     if PREFETCH:
@@ -309,7 +316,7 @@ def mega_attention_kernel(
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
     q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
     q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
-    q = bf16_round_tl(_rope_tl(q, 0, pos, max_pos, cos_ptr, sin_ptr, HT, _HEAD_DIM, False))
+    q = bf16_round_tl(_rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False))
     if TRACE:
         _stamp_tl(stamps, 3, q)
     if DOT_BF16:
@@ -348,10 +355,9 @@ def mega_attention_kernel(
         _stamp_tl(stamps, 4, acc)
 
     if SPLITS == 1:
-        sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
         _epilogue_tl(
-            acc, l_i, m_i, 0, token, heads, head_ok, pos, max_pos, sink, cos_ptr, sin_ptr,
-            xo_ptr, codes_ptr, lse_ptr, H, G, HT, _HEAD_DIM,
+            acc, l_i, m_i, 0, token, heads, head_ok, sink, cos_a, sin_a, xo_ptr, codes_ptr,
+            lse_ptr, H, G, HT, _HEAD_DIM,
         )  # fmt: skip
     else:
         # Partials of (token, tile) `pid`, split `split`: o [HT, 512] and (max, sum) [2, HT].
@@ -386,11 +392,14 @@ def mega_attention_combine_kernel(
     hh = tl.program_id(2) * CH + tl.arange(0, CH)  # heads of the tile
     heads = (pid % TILES) * HT + hh
     head_ok = heads < H
+    # Before the PDL wait, what no step kernel writes: the sink logits, the position and the
+    # RoPE angles of these dims.
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    c, s = _rope_angles_tl(d0, pos, max_pos, cos_ptr, sin_ptr, W)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
-    pos = tl.load(pos_ptr + token).to(tl.int64)
     first = pid.to(tl.int64) * SPLITS
     m_i = tl.full((CH,), -float("inf"), tl.float32)
     for t in tl.static_range(SPLITS):
@@ -406,8 +415,8 @@ def mega_attention_combine_kernel(
         part = tl.load(part_o_ptr + ((first + t) * HT + hh[:, None]) * _HEAD_DIM + cols[None, :])
         acc += w[:, None] * part
     _epilogue_tl(
-        acc, l_i, m_i, d0, token, heads, head_ok, pos, max_pos, sink, cos_ptr, sin_ptr,
-        xo_ptr, codes_ptr, lse_ptr, H, G, CH, W,
+        acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr, H, G, CH,
+        W,
     )  # fmt: skip
     if TRACE:
         tl.store(stamps + 5, globaltimer_tl(pid))
