@@ -155,27 +155,41 @@ def e4m3_round_tl(x):
 
 
 @triton.jit
-def _mx_scaled_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+def _mx_scaled_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr, HW: tl.constexpr):
     """fp32 ``x [ROWS, COLS]`` -> (its e4m3 values as exact fp32 [ROWS, COLS // 32, 32], int32
-    codes [ROWS, COLS // 32])."""
+    codes [ROWS, COLS // 32]). ``HW`` (the GPU only): the round is the hardware's fp32 -> e4m3
+    conversion (nearest even, saturating at 448) and back, two values an instruction each way,
+    the same values as ``e4m3_round_tl``'s ~10 steps a value (which the interpreter needs: its
+    own cast drops a carry)."""
     blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
     code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
     scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
+    if HW:
+        return scaled.to(tl.float8e4nv).to(tl.float32), code
     return e4m3_round_tl(tl.minimum(tl.maximum(scaled, -448.0), 448.0)), code
 
 
 @triton.jit
 def mx_quantize_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     """fp32 ``x [ROWS, COLS]`` -> (e4m3 values [ROWS, COLS], int32 codes [ROWS, COLS // 32])."""
-    scaled, code = _mx_scaled_tl(x, ROWS, COLS)
+    scaled, code = _mx_scaled_tl(x, ROWS, COLS, False)
     return tl.reshape(scaled, (ROWS, COLS)).to(tl.float8e4nv), code
+
+
+@triton.jit
+def mx_parts_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr, HW: tl.constexpr):
+    """fp32 ``x [ROWS, COLS]`` -> ``mxfp8(x)`` as two fp32 parts: its e4m3 values ``[ROWS,
+    COLS]`` and their block scales ``2^(code - 127)`` ``[ROWS, COLS // 32]`` (``HW``: as in
+    ``_mx_scaled_tl``)."""
+    values, code = _mx_scaled_tl(x, ROWS, COLS, HW)
+    return tl.reshape(values, (ROWS, COLS)), e8m0_scale_tl(code)
 
 
 @triton.jit
 def mx_round_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     """``dequant(mxfp8(x))`` of fp32 ``x [ROWS, COLS]``, fp32: the rounded values are exact
     e4m3 already, so no cast to e4m3 and back."""
-    scaled, code = _mx_scaled_tl(x, ROWS, COLS)
+    scaled, code = _mx_scaled_tl(x, ROWS, COLS, False)
     return tl.reshape(scaled * e8m0_scale_tl(code)[:, :, None], (ROWS, COLS))
 
 

@@ -53,6 +53,7 @@ from dsv41.common.mx import (
     bf16_round_tl,
     e8m0_scale_tl,
     mx_dequantize_tl,
+    mx_parts_tl,
     mx_quantize_tl,
     mx_round_tl,
 )
@@ -154,39 +155,43 @@ def _gemv_norm_weight(norm_ptr, col, A_MODE: tl.constexpr):
 
 @triton.jit
 def _gemv_act(a_ptr, a_codes_ptr, g, row, stride_am, stride_acm, group, k0, col, rms,
-              K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr):  # fmt: skip
+              K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr,
+              HW_E4M3: tl.constexpr):  # fmt: skip
     """Token ``row``'s activation at the CUDA-core tile's columns ``col [BLOCKS, 32]`` (from
-    ``k0``), fp32, as its prologue makes it: MXFP8 values times their scales (A_MX), x cast
-    to MXFP8 (A_CAST), or ``mxfp8(bf16(qr * rms * g))`` (A_NORM: ``rms`` the row's
-    ``_rms_factors``, ``g`` the norm weight at ``col``)."""
+    ``k0``) as its prologue makes it, in two fp32 parts: e4m3 values ``[BLOCKS, 32]`` and their
+    block scales ``[BLOCKS]``. MXFP8 as read (A_MX), x cast to MXFP8 (A_CAST), or
+    ``mxfp8(bf16(qr * rms * g))`` (A_NORM: ``rms`` the row's ``_rms_factors``, ``g`` the norm
+    weight at ``col``); ``HW_E4M3``: the cast rounds with the hardware's conversion."""
     if A_MODE == A_MX:
         a8 = tl.load(a_ptr + row * stride_am + group * K + col)
         blk = tl.arange(0, BLOCKS)
         ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
-        return a8.to(tl.float32) * e8m0_scale_tl(ac.to(tl.int32))[:, None]
-    elif A_MODE == A_CAST:  # this row's slice of x, one MX block a row of the tile
-        x = tl.load(a_ptr + row * stride_am + col)
-        return mx_round_tl(x.to(tl.float32), BLOCKS, _MX)
-    else:
+        values, scales = a8.to(tl.float32), e8m0_scale_tl(ac.to(tl.int32))
+    else:  # this row's slice of x (A_CAST) or qr (A_NORM), one MX block a row of the tile
         x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
-        return mx_round_tl(bf16_round_tl(x * rms * g.to(tl.float32)), BLOCKS, _MX)
+        if A_MODE == A_NORM:
+            x = bf16_round_tl(x * rms * g.to(tl.float32))
+        values, scales = mx_parts_tl(x, BLOCKS, _MX, HW_E4M3)
+        scales = tl.reshape(scales, (BLOCKS,))
+    return values, scales
 
 
 @triton.jit
 def _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, g, first, M, stride_am, stride_acm,
                group, k0, rms, K: tl.constexpr, BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
-               A_MODE: tl.constexpr):  # fmt: skip
+               A_MODE: tl.constexpr, HW_E4M3: tl.constexpr):  # fmt: skip
     """``acc [BLOCK_M, BLOCK_N]`` plus the CUDA-core tile's dots with each token row ``first
     ..`` (``rms [BLOCK_M]``: A_NORM's factors): the tile converted to fp32 once, each block's
-    32 products summed, then weighted by the weight's E8M0 scale."""
+    32 products of e4m3 values summed (exact products), then weighted by both E8M0 scales."""
     token = tl.arange(0, BLOCK_M)
     ws = e8m0_scale_tl(wc.to(tl.int32))
     wf = w8.to(tl.float32)
     for r in tl.static_range(BLOCK_M):
         row = tl.minimum(first + r, M - 1)  # rows past M: stored nowhere
-        a = _gemv_act(a_ptr, a_codes_ptr, g, row, stride_am, stride_acm, group, k0, col,
-                      tl.sum(tl.where(token == r, rms, 0.0)), K, BLOCKS, A_MODE)  # fmt: skip
-        dots = tl.sum(tl.sum(wf * a[:, None, :], axis=2) * ws, axis=0)  # [BLOCK_N]
+        a, sa = _gemv_act(a_ptr, a_codes_ptr, g, row, stride_am, stride_acm, group, k0, col,
+                          tl.sum(tl.where(token == r, rms, 0.0)), K, BLOCKS, A_MODE,
+                          HW_E4M3)  # fmt: skip
+        dots = tl.sum(tl.sum(wf * a[:, None, :], axis=2) * (ws * sa[:, None]), axis=0)
         acc += tl.where(token[:, None] == r, dots[None, :], 0.0)
     return acc
 
@@ -296,8 +301,10 @@ def mx_gemm_kernel(
     K_TAIL: tl.constexpr = 0,
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
+    HW_E4M3: tl.constexpr = False,
 ):
-    """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``."""
+    """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
+    ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast rounds with the hardware."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -347,19 +354,20 @@ def mx_gemm_kernel(
                 g = _gemv_norm_weight(norm_ptr, col, A_MODE)
             if LANES:
                 ws = e8m0_scale_tl(wc.to(tl.int32))
-                a = _gemv_act(a_ptr, a_codes_ptr, g, tl.minimum(pid_m, M - 1), stride_am,
-                              stride_acm, group, k0, col, tl.sum(rms), K, BLOCKS, A_MODE)  # fmt: skip
-                lanes += w8.to(tl.float32) * a[:, None, :] * ws[:, :, None]
+                a, sa = _gemv_act(a_ptr, a_codes_ptr, g, tl.minimum(pid_m, M - 1), stride_am,
+                                  stride_acm, group, k0, col, tl.sum(rms), K, BLOCKS, A_MODE,
+                                  HW_E4M3)  # fmt: skip
+                lanes += w8.to(tl.float32) * a[:, None, :] * (ws * sa[:, None])[:, :, None]
             else:
                 acc = _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, g, pid_m * BLOCK_M,
                                  M, stride_am, stride_acm, group, k0, rms, K, BLOCKS, BLOCK_M,
-                                 A_MODE)  # fmt: skip
+                                 A_MODE, HW_E4M3)  # fmt: skip
         if LANES:
             acc += tl.sum(tl.sum(lanes, axis=2), axis=0)[None, :]
         if K_TAIL > 0:
             acc = _gemv_rows(acc, t8, tc, tcol, a_ptr, a_codes_ptr, tg, pid_m * BLOCK_M, M,
                              stride_am, stride_acm, group, (pid_k + 1) * K_SPLIT - K_TAIL, rms, K,
-                             K_TAIL // _MX, BLOCK_M, A_MODE)  # fmt: skip
+                             K_TAIL // _MX, BLOCK_M, A_MODE, HW_E4M3)  # fmt: skip
         if A8_OUT:  # a's MXFP8 form (x cast in the prologue), once: the first N tile stores it
             tl.static_assert(A_MODE == A_CAST and not QUANT_OUT, "A8_OUT stores a cast bf16 a")
             if pid_n == 0:
@@ -822,6 +830,7 @@ def mx_gemm(
         A_MODE=mode,
         QUANT_OUT=quant,
         DOT_BF16=not interpreting(),
+        HW_E4M3=not interpreting(),
         GEMV=cfg.gemv,
         K_PAD=triton.next_power_of_2(k),
         BLOCK_M=cfg.block_m,
