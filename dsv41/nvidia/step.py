@@ -6,7 +6,8 @@
    In the CUDA-core token buckets (M <= 2) wq_b normalises qr in its own prologue (A_NORM)
    and launch 2 (its kv half only) runs beside it on a side stream, joined before attention,
    so the norm kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain
-   above);
+   above). There it also asks the L2 for the records attention reads next
+   (``DSV41_NORM_PREFETCH``);
 4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
    ``xo`` in the fused O layout;
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
@@ -144,10 +145,10 @@ def launch_step(
     cos, sin = rope_tables(model, layer.layer_id, x.device)
     mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
 
-    def norm(qr8) -> None:
+    def norm(qr8, prefetch=None) -> None:
         norm_rope_insert(
             out.qkv, layer.q_norm, layer.kv_norm, positions, slot_mapping, window_cache, cos, sin,
-            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=qr8,
+            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=qr8, prefetch=prefetch,
         )  # fmt: skip
 
     side = None  # the side stream the norm kernel ran on, if any
@@ -158,10 +159,10 @@ def launch_step(
             if x.device not in _SIDE_STREAMS:
                 _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
             side = _SIDE_STREAMS[x.device]
-        if side is not None:
+        if side is not None:  # attention starts when it ends: it asks the L2 for the records
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                norm(None)
+                norm(None, prefetch=(key_table, compressed_cache))
         else:
             norm(None)
         qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)

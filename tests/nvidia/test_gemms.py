@@ -43,7 +43,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     gemm_config,
     mx_gemm,
 )
-from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
+from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert, prefetch_ahead
 from dsv41.nvidia.step import gemm_shapes
 
 BF16_STEP = 2.0**-7  # bf16 spacing relative to a value, at most
@@ -363,6 +363,67 @@ def test_norm_rope_insert(layer, fmt):
     assert torch.equal(kv_only, kv) and torch.equal(cache_kv.data, cache.data)
 
 
+def test_norm_prefetch_rule_and_bad_inputs(layer, monkeypatch):
+    """``prefetch_ahead``: on by default on the GPU with aligned rows, never in the interpreter
+    (no L2); ``DSV41_NORM_PREFETCH`` must be 0 or 1; a key table of the wrong type or rows and a
+    compressed cache of another format are refused with their names, before any launch."""
+    model = layer.dims.model
+    cache = PagedKVCache(4, model.window_block, "fp8_ds_mla")
+    monkeypatch.delenv("DSV41_NORM_PREFETCH", raising=False)
+    assert not prefetch_ahead(cache, None)  # the interpreter
+    monkeypatch.setenv("DSV41_NORM_PREFETCH", "2")
+    with pytest.raises(ValueError, match="DSV41_NORM_PREFETCH: expected 0 or 1, got '2'"):
+        prefetch_ahead(cache, None)
+    monkeypatch.delenv("DSV41_NORM_PREFETCH")
+    m = 2
+    qkv = x_of(m, model.qkv_rows, 41)
+    cos, sin = rope_tables(model, layer.layer_id)
+    kv = torch.empty(m, model.kv_dim, dtype=torch.bfloat16)
+    table = torch.zeros(m, 64, dtype=torch.int32)
+    want_table = r"prefetch key_table: expected int32 \[2, KEYS\], got torch.int"
+    other_fmt = "expected the window cache's record format fp8_ds_mla, got fp8_mx"
+    for bad, match in (
+        ((table.long(), None), want_table + r"64 \[2, 64\]"),
+        ((table[:1], None), want_table + r"32 \[1, 64\]"),
+        ((table, PagedKVCache(4, model.window_block, "fp8_mx")), other_fmt),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            norm_rope_insert(qkv, layer.q_norm, layer.kv_norm, torch.arange(m), torch.arange(m),
+                             cache, cos, sin, eps=model.eps, nope=model.nope_dim, kv=kv, qr8=None,
+                             prefetch=bad)  # fmt: skip
+
+
+SM90_NORM = r"""
+import json, re, sys
+from sm90 import sm90_ptx
+from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert_kernel as fn
+keys = int(sys.argv[1])
+consts = dict(Q_RANK=1280, Q_PAD=2048, KV_DIM=512, NOPE=448, HALF_ROPE=32, BLOCK_TOKENS=64,
+              FMT=int(sys.argv[2]), USE_PDL=False, QR8=False, KEYS=keys,
+              KEYS_PAD=max(1, 1 << (keys - 1).bit_length()), COMP_BLOCK=64)
+kinds = {"qkv_ptr": "*bf16", "q_norm_ptr": "*bf16", "kv_norm_ptr": "*bf16", "pos_ptr": "*i64",
+         "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "kv_ptr": "*bf16",
+         "table_ptr": "*i32", "eps": "fp32"}
+ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
+first_store, last_store = ptx.find("st.global"), ptx.rfind("st.global")
+bulk = [m.start() for m in re.finditer(r"cp\.async\.bulk\.prefetch\.L2", ptx)]
+print(json.dumps({"loads_before_stores": ptx[:first_store].count("ld.global"), "bulk": len(bulk),
+                  "after_stores": all(b > last_store for b in bulk)}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
+@pytest.mark.parametrize("fmt", [0, 1])
+def test_norm_prefetch_compiles_for_sm90(fmt):
+    """The norm kernel with a 640-key prefetch, compiled for SM90 without a GPU: the table is
+    read before the first store (the kv row and the record) and the bulk prefetches come after
+    the last one, so the kernel waits for neither; none without it."""
+    on, off = (ptx_facts(SM90_NORM, keys, str(fmt)) for keys in ("640", "0"))
+    assert on["bulk"] > 0 and on["after_stores"], on
+    assert on["loads_before_stores"] > off["loads_before_stores"], (on, off)
+    assert off["bulk"] == 0, off
+
+
 def test_configs_fill_the_gpu_from_the_bucket():
     """Real geometry, tp 4, 132 SMs: PROGRAMS_PER_SM programs a SM at M = 1, one config a bucket."""
     dims = Dims.of("dsv41-flash", 4)
@@ -442,7 +503,8 @@ from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
-          "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False}
+          "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
+          "HW_E4M3": True}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",

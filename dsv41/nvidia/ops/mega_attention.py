@@ -87,7 +87,7 @@ ATTN_WARPS = 4
 QK_SEGMENTS = 4
 QK_SEGMENTS_TILES = 16
 LOG2_E = math.log2(math.e)
-# The record prefetch (``_prefetch_records_tl``), a predicated PTX bulk prefetch to L2 of a record's
+# The record prefetch (``prefetch_records_tl``), a predicated PTX bulk prefetch to L2 of a record's
 # contiguous bytes: fp8_ds_mla's 576-B data row (and its scale row's line), fp8_mx's 528-B record.
 _PREFETCH_DS_MLA = tl.constexpr(
     "{ .reg .pred p; setp.ne.s32 p, $3, 0; "
@@ -208,19 +208,26 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
 
 
 @triton.jit
-def _prefetch_records_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, compressed_slots,
-                         KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
-                         COMP_BLOCK: tl.constexpr, N: tl.constexpr,
-                         N_PAD: tl.constexpr):  # fmt: skip
-    """Ask the L2 for the records of keys ``k_start .. k_start + N`` of a key-table row (16-B
-    aligned data rows only): one bulk prefetch a data row, and the fp8_ds_mla scale row's line.
-    The split's loop then reads each block after the first from L2, not HBM, so its blocks'
-    memory latencies overlap instead of adding up. No record is read into registers, and an
-    invalid entry prefetches nothing."""
-    kk = k_start + tl.arange(0, N_PAD)  # N_PAD: a power of two >= N
-    data, codes, valid = _record_ptrs_tl(table_row, kk, (kk < KEYS) & (kk < k_start + N), win_ptr,
-                                         comp_ptr, window_slots, compressed_slots, FMT, WIN_BLOCK,
-                                         COMP_BLOCK, True)  # fmt: skip
+def record_row_ptrs_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, compressed_slots,
+                       KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
+                       COMP_BLOCK: tl.constexpr, N: tl.constexpr,
+                       N_PAD: tl.constexpr):  # fmt: skip
+    """The records of keys ``k_start .. k_start + N`` of a key-table row (16-B aligned data rows
+    only), ``[N_PAD]`` (a power of two >= N): data row and scale code pointers, and which are
+    valid. What ``prefetch_records_tl`` asks the L2 for."""
+    kk = k_start + tl.arange(0, N_PAD)
+    return _record_ptrs_tl(table_row, kk, (kk < KEYS) & (kk < k_start + N), win_ptr, comp_ptr,
+                           window_slots, compressed_slots, FMT, WIN_BLOCK, COMP_BLOCK,
+                           True)  # fmt: skip
+
+
+@triton.jit
+def prefetch_records_tl(data, codes, valid, FMT: tl.constexpr):
+    """Ask the L2 for the records ``record_row_ptrs_tl`` gives: one bulk prefetch a data row,
+    and the fp8_ds_mla scale row's line. A split's loop then reads each block after the first
+    from L2, not HBM, so its blocks' memory latencies overlap instead of adding up; the norm
+    kernel asks for a token's whole row ahead of attention (``norm_rope_insert``'s
+    ``prefetch``). No record is read into registers, and an invalid entry prefetches nothing."""
     if FMT == FMT_DS_MLA:  # the data row, then the 8-B scale row elsewhere in the page
         tl.inline_asm_elementwise(
             _PREFETCH_DS_MLA, "=r,l,l,r",
@@ -308,9 +315,10 @@ def mega_attention_kernel(
         tl.store(stamps + 2, globaltimer_tl(pid))
     if PREFETCH:
         tl.static_assert(ALIGNED and not EARLY, "a bulk prefetch takes 16-B aligned rows")
-        _prefetch_records_tl(table_ptr + token.to(tl.int64) * KEYS, split * KEYS_PER_SPLIT,
-                             win_ptr, comp_ptr, window_slots, compressed_slots, KEYS, FMT,
-                             WIN_BLOCK, COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
+        ahead = record_row_ptrs_tl(table_ptr + token.to(tl.int64) * KEYS, split * KEYS_PER_SPLIT,
+                                   win_ptr, comp_ptr, window_slots, compressed_slots, KEYS, FMT,
+                                   WIN_BLOCK, COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
+        prefetch_records_tl(ahead[0], ahead[1], ahead[2], FMT)
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
