@@ -5,14 +5,14 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
 # s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
-# prepared, not run); s12 .. s12g: session 12's calls; s13 .. s13e: session 13's; s14, s14b: session 14's.
+# prepared, not run); s12 .. s12g: session 12's calls; s13 .. s13e: session 13's; s14 .. s14c: session 14's.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -154,6 +154,14 @@ if [ "$what" = s14b ]; then
   (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/5ef6263: /')
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -9
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline 2>&1 | tail -9
+fi
+if [ "$what" = s14c ]; then
+  # Session 14, call 3: the norm kernel's record prefetch (DSV41_NORM_PREFETCH=1, opt-in): the
+  # step tests with it, then A/B at tp 4 and 2, one and two tokens.
+  DSV41_NORM_PREFETCH=1 timeout 200 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 190 2>&1 | tail -3
+  for r in 1 2; do ab DSV41_NORM_PREFETCH "0 1" --backend nvidia --tp 4 --tokens 1,2; done
+  ab DSV41_NORM_PREFETCH "0 1" --backend nvidia --tp 2 --tokens 1
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.

@@ -364,7 +364,7 @@ def test_norm_rope_insert(layer, fmt):
 
 
 def test_norm_prefetch_rule_and_bad_inputs(layer, monkeypatch):
-    """``prefetch_ahead``: on by default on the GPU with aligned rows, never in the interpreter
+    """``prefetch_ahead``: opt-in on the GPU with aligned rows, never in the interpreter
     (no L2); ``DSV41_NORM_PREFETCH`` must be 0 or 1; a key table of the wrong type or rows and a
     compressed cache of another format are refused with their names, before any launch."""
     model = layer.dims.model
