@@ -7,7 +7,7 @@
    and launch 2 (its kv half only) runs beside it on a side stream, joined before attention,
    so the norm kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain
    above). There it also asks the L2 for the records attention reads next
-   (``DSV41_NORM_PREFETCH=1``; off by default, not yet measured on a GPU);
+   (``DSV41_NORM_PREFETCH=1``; off by default: slower on the H200);
 4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
    ``xo`` in the fused O layout;
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
