@@ -23,10 +23,10 @@ from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import (
     KEY_BLOCK,
-    _rows_aligned,
     attention_splits,
     mega_attention,
     prefetch_records,
+    rows_aligned,
     score_segments,
 )
 
@@ -249,11 +249,11 @@ def test_rows_aligned_needs_aligned_bases_and_even_ds_mla_pages() -> None:
     records (584 B each) or any fp8_mx page (528-B records), and only then."""
     even, odd = PagedKVCache(2, 16, "fp8_ds_mla"), PagedKVCache(2, 3, "fp8_ds_mla")
     mx_odd = PagedKVCache(2, 3, "fp8_mx")
-    assert _rows_aligned(even) and _rows_aligned(mx_odd) and _rows_aligned(even, mx_odd)
-    assert not _rows_aligned(odd) and not _rows_aligned(even, odd)
+    assert rows_aligned(even) and rows_aligned(mx_odd) and rows_aligned(even, mx_odd)
+    assert not rows_aligned(odd) and not rows_aligned(even, odd)
     shifted = PagedKVCache(2, 16, "fp8_ds_mla")
     shifted.data = torch.zeros(2 * 16 * 584 + 8, dtype=torch.uint8)[8:].view(2, 16 * 584)
-    assert not _rows_aligned(shifted)
+    assert not rows_aligned(shifted)
 
 
 @pytest.mark.parametrize("heads", [16, 32])

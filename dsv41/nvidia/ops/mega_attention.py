@@ -485,7 +485,7 @@ def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
     return max(1, -(-keys // keys_per_split)), keys_per_split
 
 
-def _rows_aligned(*caches: PagedKVCache) -> bool:
+def rows_aligned(*caches: PagedKVCache) -> bool:
     """Whether every record's data row starts 16-B aligned in all these caches."""
     return all(data_rows_aligned(c) for c in caches)
 
@@ -603,7 +603,7 @@ def mega_attention(
     xo_bytes = xo.view(torch.uint8)
     pdl = pdl_enabled(tokens)
     early = records_ready and keys_per_split == KEY_BLOCK and early_keys()
-    aligned = _rows_aligned(window_cache, comp)
+    aligned = rows_aligned(window_cache, comp)
     trace = trace_buffer
     programs = tiles * splits + (tiles * COMBINE_PROGRAMS if splits > 1 else 0)
     if trace is not None and (trace.dtype != torch.int64 or trace.device != device

@@ -21,12 +21,12 @@ import triton
 import triton.language as tl
 
 from dsv41.common.kv_cache import PagedKVCache
-from dsv41.common.kv_records_tl import data_rows_aligned, fmt_id, store_record_tl
+from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.norm_tl import rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag
-from dsv41.nvidia.ops.mega_attention import prefetch_records_tl, record_row_ptrs_tl
+from dsv41.nvidia.ops.mega_attention import prefetch_records_tl, record_row_ptrs_tl, rows_aligned
 from dsv41.nvidia.ops.mx_gemm import interpreting
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
@@ -218,5 +218,4 @@ def prefetch_ahead(window_cache: PagedKVCache, compressed_cache: PagedKVCache | 
     against 26.6 / 26.7 and 39.9 / 39.8 off), on the GPU (no L2 in the interpreter) and where
     every data row is 16-B aligned (the bulk prefetch's unit)."""
     caches = [window_cache] + ([compressed_cache] if compressed_cache is not None else [])
-    return (env_flag("DSV41_NORM_PREFETCH", False) and not interpreting()
-            and all(data_rows_aligned(c) for c in caches))  # fmt: skip
+    return env_flag("DSV41_NORM_PREFETCH", False) and not interpreting() and rows_aligned(*caches)
