@@ -5,14 +5,16 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
 # s7-final: session 7's last call; s8, s8-tests: prepared for session 8; s8b .. s8g: session 8's
 # calls 2 to 7; s9: prepared for session 9; s9b, s9c, s9-tests, s9d: session 9's calls 2 to 5;
 # s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
-# prepared, not run); s12 .. s12g: session 12's calls; s13 .. s13e: session 13's; s14 .. s14c: session 14's.
+# prepared, not run); s12 .. s12g: session 12's calls; s13 .. s13e: session 13's;
+# s14 .. s14c: session 14's;
+# s15, s15b: session 15's.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -162,6 +164,22 @@ if [ "$what" = s14c ]; then
     tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 190 2>&1 | tail -3
   for r in 1 2; do ab DSV41_NORM_PREFETCH "0 1" --backend nvidia --tp 4 --tokens 1,2; done
   ab DSV41_NORM_PREFETCH "0 1" --backend nvidia --tp 2 --tokens 1
+fi
+if [ "$what" = s15 ]; then
+  # Session 15, call 1 (about 8 minutes): the one-token GEMV reads every activation piece (and
+  # wq_b's RMS factor from them) right after its wait; GPU bf16 rounds by the hardware cast.
+  # nvidia's GPU tests; A/B against the session's starting tree (6620dcd, a copy in _old/, not
+  # committed) at tp 4 and 2; the GEMM + attention trace with wo_a's SMs.
+  timeout 280 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
+    tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 270 2>&1 \
+    | tail -3
+  for r in 1 2; do
+    v "" --backend nvidia --tp 4 --tokens 1,2
+    (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 4 --tokens 1,2 | sed 's/^/6620dcd: /')
+  done
+  v "" --backend nvidia --tp 2 --tokens 1,2
+  (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/6620dcd: /')
+  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.

@@ -241,6 +241,15 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                     )  # fmt: skip
                     sms = int(torch.bincount(rows[:, 6]).gt(0).sum()) if len(rows) else 0
                     print(f"  {name:9s} {len(rows):4d} progs {sms:3d} SMs | {cells}")
+                # Where wo_a's programs sit against attention's and the combine's (all launched
+                # early by PDL): SMs holding both, and the most programs of the three on one SM.
+                held = set(t[:, 6].tolist())
+                wo_a = traces["wo_a"]
+                wo_a_sms = wo_a[wo_a[:, 0] > 0][:, 3].tolist()
+                shared = len(held & set(wo_a_sms))
+                both = torch.bincount(torch.tensor(list(t[:, 6].tolist()) + wo_a_sms))
+                print(f"  wo_a on {len(set(wo_a_sms))} SMs, {shared} of them also attention's or "
+                      f"the combine's; most programs of the three on one SM: {int(both.max())}")
     finally:
         for site in GEMM_SITES:
             scratch_for(site).trace = None

@@ -14,4 +14,11 @@ import triton.language as tl
 @triton.jit
 def rms_factor_tl(x, n: tl.constexpr, eps):
     """``1 / sqrt(sum(x^2) / n + eps)`` over the lanes of ``x`` (lanes past ``n`` hold 0)."""
-    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    return rms_factor_of_tl(tl.sum(x * x, axis=0), n, eps)
+
+
+@triton.jit
+def rms_factor_of_tl(squares, n: tl.constexpr, eps):
+    """``1 / sqrt(squares / n + eps)``: the factor from a row's sum of squares (a kernel that
+    holds the row in pieces sums each piece's squares)."""
+    return tl.rsqrt(squares / n + eps)

@@ -324,11 +324,13 @@ def mega_attention_kernel(
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
     q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
     q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
-    q = bf16_round_tl(_rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False))
-    if TRACE:
-        _stamp_tl(stamps, 3, q)
-    if DOT_BF16:
+    q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
+    if DOT_BF16:  # the GPU's cast rounds to nearest even
         q = q.to(tl.bfloat16)
+    else:  # the interpreter's cast truncates
+        q = bf16_round_tl(q)
+    if TRACE:
+        _stamp_tl(stamps, 3, q.to(tl.float32))
 
     m_i = tl.full((HT,), -float("inf"), tl.float32)  # running max of s * log2(e)
     l_i = tl.zeros((HT,), tl.float32)

@@ -50,6 +50,7 @@ import triton.language as tl
 from dsv41.common.mx import (
     E4M3,
     MX_BLOCK,
+    bf16_rn_tl,
     bf16_round_tl,
     e8m0_scale_tl,
     mx_dequantize_tl,
@@ -57,7 +58,7 @@ from dsv41.common.mx import (
     mx_quantize_tl,
     mx_round_tl,
 )
-from dsv41.common.norm_tl import rms_factor_tl
+from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
@@ -154,26 +155,56 @@ def _gemv_norm_weight(norm_ptr, col, A_MODE: tl.constexpr):
 
 
 @triton.jit
-def _gemv_act(a_ptr, a_codes_ptr, g, row, stride_am, stride_acm, group, k0, col, rms,
-              K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr,
-              HW_E4M3: tl.constexpr):  # fmt: skip
+def _gemv_act_load(a_ptr, a_codes_ptr, row, stride_am, stride_acm, group, k0, col,
+                   K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr):  # fmt: skip
     """Token ``row``'s activation at the CUDA-core tile's columns ``col [BLOCKS, 32]`` (from
-    ``k0``) as its prologue makes it, in two fp32 parts: e4m3 values ``[BLOCKS, 32]`` and their
-    block scales ``[BLOCKS]``. MXFP8 as read (A_MX), x cast to MXFP8 (A_CAST), or
-    ``mxfp8(bf16(qr * rms * g))`` (A_NORM: ``rms`` the row's ``_rms_factors``, ``g`` the norm
-    weight at ``col``); ``HW_E4M3``: the cast rounds with the hardware's conversion."""
+    ``k0``) as read: fp32 ``[BLOCKS, 32]`` (e4m3 values for A_MX, else bf16 x or qr) and, for
+    A_MX, its E8M0 codes ``[BLOCKS]`` (else ``col``, unused)."""
     if A_MODE == A_MX:
-        a8 = tl.load(a_ptr + row * stride_am + group * K + col)
-        blk = tl.arange(0, BLOCKS)
-        ac = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX + blk)
-        values, scales = a8.to(tl.float32), e8m0_scale_tl(ac.to(tl.int32))
-    else:  # this row's slice of x (A_CAST) or qr (A_NORM), one MX block a row of the tile
+        x = tl.load(a_ptr + row * stride_am + group * K + col).to(tl.float32)
+        codes = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX
+                        + tl.arange(0, BLOCKS))  # fmt: skip
+    else:
         x = tl.load(a_ptr + row * stride_am + col).to(tl.float32)
+        codes = col
+    return x, codes
+
+
+@triton.jit
+def _gemv_act_cast(x, codes, g, rms, BLOCKS: tl.constexpr, A_MODE: tl.constexpr,
+                   HW_E4M3: tl.constexpr):  # fmt: skip
+    """``_gemv_act_load``'s activation as its prologue makes it, in two fp32 parts: e4m3
+    values ``[BLOCKS, 32]`` and their block scales ``[BLOCKS]``. MXFP8 as read (A_MX), x cast
+    to MXFP8 (A_CAST), or ``mxfp8(bf16(qr * rms * g))`` (A_NORM: ``rms`` the row's RMSNorm
+    factor, ``g`` the norm weight at the tile's columns); ``HW_E4M3``: the cast rounds with the
+    hardware's conversion."""
+    if A_MODE == A_MX:
+        values, scales = x, e8m0_scale_tl(codes.to(tl.int32))
+    else:  # one MX block a row of the tile
         if A_MODE == A_NORM:
-            x = bf16_round_tl(x * rms * g.to(tl.float32))
+            x = bf16_rn_tl(x * rms * g.to(tl.float32), HW_E4M3)
         values, scales = mx_parts_tl(x, BLOCKS, _MX, HW_E4M3)
         scales = tl.reshape(scales, (BLOCKS,))
     return values, scales
+
+
+@triton.jit
+def _gemv_act(a_ptr, a_codes_ptr, g, row, stride_am, stride_acm, group, k0, col, rms,
+              K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr,
+              HW_E4M3: tl.constexpr):  # fmt: skip
+    """``_gemv_act_load`` then ``_gemv_act_cast``: (values ``[BLOCKS, 32]``, scales
+    ``[BLOCKS]``)."""
+    x, codes = _gemv_act_load(a_ptr, a_codes_ptr, row, stride_am, stride_acm, group, k0, col, K,
+                              BLOCKS, A_MODE)  # fmt: skip
+    return _gemv_act_cast(x, codes, g, rms, BLOCKS, A_MODE, HW_E4M3)
+
+
+@triton.jit
+def _gemv_dot_one(acc, w8, wc, values, scales):
+    """``acc [1, BLOCK_N]`` plus one token's dots with the CUDA-core tile (``_gemv_act_cast``'s
+    values and scales): each block's 32 exact products summed, weighted by both E8M0 scales."""
+    part = tl.sum(w8.to(tl.float32) * values[:, None, :], axis=2)
+    return acc + tl.sum(part * (e8m0_scale_tl(wc.to(tl.int32)) * scales[:, None]), axis=0)[None, :]
 
 
 @triton.jit
@@ -304,7 +335,8 @@ def mx_gemm_kernel(
     HW_E4M3: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
-    ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast rounds with the hardware."""
+    ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
+    hardware's conversions."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -341,13 +373,38 @@ def mx_gemm_kernel(
         # lanes are summed once at the end: no reduction (and no barrier) between steps, so
         # every step's loads can be in flight together.
         tl.static_assert(A_MODE != A_O, "the fused WO-A prologue runs on the MMA loop")
+        # One token, one K step: every piece of the activation is read at once, right after
+        # the wait (and A_NORM's RMS factor taken from those pieces), so the program pays one
+        # L2 round trip for its activation, not one for the factor, one a piece.
+        ONE: tl.constexpr = BLOCK_M == 1 and K_STEPS == 1 and (SPLIT_K == 1 or A_MODE != A_NORM)
         rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        if A_MODE == A_NORM:
+        if ONE:
+            row = tl.minimum(pid_m, M - 1)
+            k0 = pid_k * K_SPLIT
+            x, xc = _gemv_act_load(a_ptr, a_codes_ptr, row, stride_am, stride_acm, group, k0, col,
+                                   K, BLOCKS, A_MODE)  # fmt: skip
+            if K_TAIL > 0:
+                tk0 = k0 + BLOCK_K
+                tx, txc = _gemv_act_load(a_ptr, a_codes_ptr, row, stride_am, stride_acm, group,
+                                         tk0, tcol, K, K_TAIL // _MX, A_MODE)  # fmt: skip
+            factor = 0.0
+            if A_MODE == A_NORM:
+                squares = tl.sum(tl.sum(x * x, axis=1), axis=0)
+                if K_TAIL > 0:
+                    squares += tl.sum(tl.sum(tx * tx, axis=1), axis=0)
+                factor = rms_factor_of_tl(squares, K, eps)
+            values, scales = _gemv_act_cast(x, xc, g, factor, BLOCKS, A_MODE, HW_E4M3)
+            acc = _gemv_dot_one(acc, w8, wc, values, scales)
+            if K_TAIL > 0:
+                values, scales = _gemv_act_cast(tx, txc, tg, factor, K_TAIL // _MX, A_MODE,
+                                                HW_E4M3)  # fmt: skip
+                acc = _gemv_dot_one(acc, t8, tc, values, scales)
+        elif A_MODE == A_NORM:
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
         if LANES:
             lanes = tl.zeros((BLOCKS, BLOCK_N, _MX), dtype=tl.float32)
-        for step in tl.static_range(K_STEPS):
+        for step in tl.static_range(0 if ONE else K_STEPS):
             k0 = pid_k * K_SPLIT + step * BLOCK_K
             if step > 0:
                 w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K, BLOCKS)
@@ -364,7 +421,7 @@ def mx_gemm_kernel(
                                  A_MODE, HW_E4M3)  # fmt: skip
         if LANES:
             acc += tl.sum(tl.sum(lanes, axis=2), axis=0)[None, :]
-        if K_TAIL > 0:
+        if K_TAIL > 0 and not ONE:
             acc = _gemv_rows(acc, t8, tc, tcol, a_ptr, a_codes_ptr, tg, pid_m * BLOCK_M, M,
                              stride_am, stride_acm, group, (pid_k + 1) * K_SPLIT - K_TAIL, rms, K,
                              K_TAIL // _MX, BLOCK_M, A_MODE, HW_E4M3)  # fmt: skip
@@ -427,7 +484,7 @@ def mx_gemm_kernel(
                 acc += tl.load(part_at + s * M * N, mask=out_ok, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed", scope="gpu")
     if last:
-        out = bf16_round_tl(acc)
+        out = bf16_rn_tl(acc, HW_E4M3)
         tl.store(out_ptr + rows[:, None] * stride_om + n[None, :], out.to(tl.bfloat16), mask=out_ok)
         if QUANT_OUT:
             v, c = mx_quantize_tl(out, BLOCK_M, BLOCK_N)
