@@ -181,6 +181,17 @@ if [ "$what" = s15 ]; then
   (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/6620dcd: /')
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
 fi
+if [ "$what" = s15b ]; then
+  # Session 15, call 2 (about 8 minutes): one-block attention splits without the softmax
+  # rescale, the o epilogue's bf16 round by the GPU's cast; nvidia's step and attention GPU
+  # tests, then the tables of both backends at tp 4 and 2.
+  timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py --timeout 240 2>&1 | tail -3
+  for tp in 4 2; do
+    b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /"
+  done
+  v "" --backend nvidia --tp 4 --tokens 1
+fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.
   timeout 150 python3 benchmarks/mono_trace.py --tp 4 --tokens 1,16,48 2>&1 | tail -36
