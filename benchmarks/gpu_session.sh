@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,nohead
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   | tee -a "$OUT/gpu.txt"
 # One bench run's table rows (the eager reference timed once); the modes below call it.
-b() { timeout 200 python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
+b() { timeout ${BT:-200} python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
   2>&1 | grep -E "^(nvidia|mono) "; }
 # v "VAR=V VAR2=V2" ARGS: b ARGS with those switches set, rows tagged with them.
 v() {
@@ -188,7 +188,7 @@ if [ "$what" = s15b ]; then
   timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 240 2>&1 | tail -3
   for tp in 4 2; do
-    b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /"
+    BT=280 b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /"
   done
   v "" --backend nvidia --tp 4 --tokens 1
 fi
