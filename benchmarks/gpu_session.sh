@@ -188,9 +188,9 @@ if [ "$what" = s15b ]; then
   timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 240 2>&1 | tail -3
   for tp in 4 2; do
-    BT=280 b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /"
+    BT=200 b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /" \
+      | tee -a "$OUT/tables.txt"
   done
-  v "" --backend nvidia --tp 4 --tokens 1
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.
