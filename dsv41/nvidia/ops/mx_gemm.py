@@ -60,7 +60,7 @@ from dsv41.common.mx import (
 )
 from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
-from dsv41.common.switches import env_int
+from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
@@ -208,6 +208,56 @@ def _gemv_dot_one(acc, w8, wc, values, scales):
 
 
 @triton.jit
+def _tc_weight_tl(w8, wc, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, F16: tl.constexpr):
+    """The CUDA-core tile ``w8 [BLOCKS, BLOCK_N, 32]`` (codes ``wc``) as the first operand of
+    ``_tc_dot_one``'s tensor-core dot, made before the PDL wait. The dot's rows are (weight row
+    ``n``, segment ``i`` of ``S`` MX blocks) pairs, ``S`` 16 (8 where BLOCKS is no multiple of
+    16): ``a[(n, i), (t, j)] = w[n, (t S + i) 32 + j] 2^(code - top)``, ``top`` the row's
+    largest code. Returns ``(a [BLOCK_N S, BLOCKS / S * 32], 2^(top - 127) [BLOCK_N])``.
+    ``F16`` (the GPU): ``a`` in float16, where an e4m3 value (a multiple of 2^-9) times
+    ``2^-d`` is exact for ``d <= 15``; a block further below its row's largest rounds to the
+    f16 subnormal grid, an error 2^-34 of the row's largest product, under the fp32 sum's own."""
+    S: tl.constexpr = 16 if BLOCKS % 16 == 0 else 8
+    T: tl.constexpr = BLOCKS // S
+    ws = e8m0_scale_tl(wc.to(tl.int32))
+    top = tl.max(ws, axis=0)
+    rel = (ws / top[None, :])[:, :, None]
+    if F16:
+        wf = w8.to(tl.float16) * rel.to(tl.float16)
+    else:
+        wf = w8.to(tl.float32) * rel
+    a = tl.reshape(tl.permute(tl.reshape(wf, (T, S, BLOCK_N, _MX)), (2, 1, 0, 3)),
+                   (BLOCK_N * S, T * _MX))  # fmt: skip
+    return a, top
+
+
+@triton.jit
+def _tc_dot_one(acc, a, top, values, scales, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr,
+                F16: tl.constexpr):  # fmt: skip
+    """``acc [1, BLOCK_N]`` plus one token's dots with ``_tc_weight_tl``'s tile on tensor cores.
+    The activation (``_gemv_act_cast``'s values and scales, relative to its largest block) is the
+    second operand, ``b[(t, j), c] = x[(t S + c) 32 + j]``; column ``c`` of dot row ``(n, i)``
+    pairs segment ``c`` of x with segment ``i`` of the row, so a row's dot is the sum of its
+    diagonal. Products of the operands are exact; the sums are fp32 (``F16`` as in
+    ``_tc_weight_tl``; the interpreter's fp32 dot otherwise)."""
+    S: tl.constexpr = 16 if BLOCKS % 16 == 0 else 8
+    T: tl.constexpr = BLOCKS // S
+    top_a = tl.max(scales, axis=0)
+    b = values * (scales / top_a)[:, None]
+    b = tl.reshape(tl.permute(tl.reshape(b, (T, S, _MX)), (0, 2, 1)), (T * _MX, S))
+    if S < 16:  # 16 columns at least: segment c in column 2 c, zeros between
+        b = tl.reshape(tl.join(b, tl.zeros_like(b)), (T * _MX, 2 * S))
+    if F16:
+        d = tl.dot(a, b.to(tl.float16))
+    else:
+        d = tl.dot(a, b, input_precision="ieee")
+    diag = tl.arange(0, 16)[None, :] == (tl.arange(0, S) * (16 // S))[:, None]
+    dots = tl.sum(tl.sum(tl.where(diag[None, :, :], tl.reshape(d, (BLOCK_N, S, 16)), 0.0), axis=2),
+                  axis=1)  # fmt: skip
+    return acc + (dots * top * top_a)[None, :]
+
+
+@triton.jit
 def _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, g, first, M, stride_am, stride_acm,
                group, k0, rms, K: tl.constexpr, BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
                A_MODE: tl.constexpr, HW_E4M3: tl.constexpr):  # fmt: skip
@@ -333,10 +383,12 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
+    TC: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
-    hardware's conversions."""
+    hardware's conversions. ``TC``: one token's whole-row tile (``gemv_tensor_cores``) runs
+    its dot on tensor cores (``_tc_dot_one``), not CUDA-core FMAs."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -360,6 +412,10 @@ def mx_gemm_kernel(
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
+        if TC:  # the tensor-core operands, made while the previous kernel runs
+            wa, wtop = _tc_weight_tl(w8, wc, BLOCKS, BLOCK_N, DOT_BF16)
+            if K_TAIL > 0:
+                ta, ttop = _tc_weight_tl(t8, tc, K_TAIL // _MX, BLOCK_N, DOT_BF16)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
@@ -377,6 +433,7 @@ def mx_gemm_kernel(
         # the wait (and A_NORM's RMS factor taken from those pieces), so the program pays one
         # L2 round trip for its activation, not one for the factor, one a piece.
         ONE: tl.constexpr = BLOCK_M == 1 and K_STEPS == 1 and (SPLIT_K == 1 or A_MODE != A_NORM)
+        tl.static_assert(ONE or not TC, "tensor cores take one token's one-step tile")
         rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if ONE:
             row = tl.minimum(pid_m, M - 1)
@@ -394,11 +451,18 @@ def mx_gemm_kernel(
                     squares += tl.sum(tl.sum(tx * tx, axis=1), axis=0)
                 factor = rms_factor_of_tl(squares, K, eps)
             values, scales = _gemv_act_cast(x, xc, g, factor, BLOCKS, A_MODE, HW_E4M3)
-            acc = _gemv_dot_one(acc, w8, wc, values, scales)
+            if TC:
+                acc = _tc_dot_one(acc, wa, wtop, values, scales, BLOCKS, BLOCK_N, DOT_BF16)
+            else:
+                acc = _gemv_dot_one(acc, w8, wc, values, scales)
             if K_TAIL > 0:
                 values, scales = _gemv_act_cast(tx, txc, tg, factor, K_TAIL // _MX, A_MODE,
                                                 HW_E4M3)  # fmt: skip
-                acc = _gemv_dot_one(acc, t8, tc, values, scales)
+                if TC:
+                    acc = _tc_dot_one(acc, ta, ttop, values, scales, K_TAIL // _MX, BLOCK_N,
+                                      DOT_BF16)  # fmt: skip
+                else:
+                    acc = _gemv_dot_one(acc, t8, tc, values, scales)
         elif A_MODE == A_NORM:
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
@@ -590,6 +654,21 @@ def gemv_tail_tile() -> int:
     ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
     or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
     return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
+
+
+def gemv_tensor_cores(cfg: GemmConfig, a_mode: int) -> bool:
+    """Whether a CUDA-core loop config runs its dot on tensor cores (``_tc_dot_one``):
+    ``DSV41_GEMV_TC`` (1 or 0), on by default, for one token's one-step tile (the kernel's
+    ``ONE``) whose pieces are whole segments of 8 MX blocks and give the dot >= 16 rows."""
+    if not env_flag("DSV41_GEMV_TC", True):
+        return False
+    one = cfg.block_m == 1 and cfg.k_steps == 1 and (cfg.split_k == 1 or a_mode != A_NORM)
+
+    def fits(cols: int) -> bool:  # a piece of `cols` columns: whole segments, >= 16 dot rows
+        blocks = cols // MX_BLOCK
+        return blocks % 8 == 0 and cfg.block_n * (16 if blocks % 16 == 0 else 8) >= 16
+
+    return cfg.gemv and one and fits(cfg.block_k) and (not cfg.k_tail or fits(cfg.k_tail))
 
 
 def _head_tail(k: int) -> tuple[int, int]:
@@ -902,6 +981,7 @@ def mx_gemm(
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
+        TC=gemv_tensor_cores(cfg, mode),
         **pdl_launch_options(pdl),
     )
     return out
