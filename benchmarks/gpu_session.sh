@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -14,7 +14,7 @@
 # s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
 # prepared, not run); s12 .. s12g: session 12's calls; s13 .. s13e: session 13's;
 # s14 .. s14c: session 14's;
-# s15, s15b: session 15's; s16, s16b: session 16's.
+# s15, s15b: session 15's; s16 .. s16c: session 16's.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -193,8 +193,8 @@ if [ "$what" = s15b ]; then
   done
 fi
 if [ "$what" = s16 ]; then
-  # Session 16, call 1 (about 7 minutes): one token's whole-row GEMV tiles run their dot on
-  # tensor cores (DSV41_GEMV_TC, on by default): nvidia's GPU tests with it; A/B against the
+  # Session 16, call 1 (about 5 minutes): one token's whole-row GEMV tiles run their dot on
+  # tensor cores (DSV41_GEMV_TC=1 then: every site), nvidia's GPU tests with it; A/B against the
   # CUDA-core dot at tp 4 (twice) and tp 2, one and two tokens; the GEMM + attention trace.
   timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 240 2>&1 \
@@ -207,7 +207,20 @@ if [ "$what" = s16 ]; then
   done
 fi
 if [ "$what" = s16b ]; then
-  # Session 16, call 2 (about 5 minutes): the tables of both backends at tp 4 and 2.
+  # Session 16, call 2 (about 5 minutes): tensor cores only where the programs fit two a SM
+  # (tp 4: wo_a), segments of 16 blocks: nvidia's GEMM and step GPU tests; A/B against the
+  # CUDA-core dot and with 4-warp tensor-core programs, tp 4 (twice), one and two tokens.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
+    tests/gpu/test_nvidia_step_gpu.py --timeout 190 2>&1 | tail -3
+  for r in 1 2; do
+    for sets in "" "DSV41_GEMV_TC=0" "DSV41_GEMV_TC_WARPS=4"; do
+      v "$sets" --backend nvidia --tp 4 --tokens 1,2
+    done
+  done
+  timeout 60 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
+fi
+if [ "$what" = s16c ]; then
+  # Session 16, call 3 (about 5 minutes): the tables of both backends at tp 4 and 2.
   for tp in 4 2; do
     BT=200 b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /" \
       | tee -a "$OUT/tables.txt"

@@ -42,6 +42,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     Scratch,
     bucket_for,
     gemm_config,
+    gemv_tc_warps,
     gemv_tensor_cores,
     mx_gemm,
 )
@@ -189,8 +190,8 @@ def spread(x: torch.Tensor, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("block_k, k_tail", [(256, 0), (512, 0), (512, 256), (256, 512)])
 def test_one_token_tensor_core_dot_matches_the_reference(monkeypatch, mode, block_k, k_tail):
     """One token's whole-row tile on tensor cores (DSV41_GEMV_TC, the diagonal of a dot of
-    row segments by activation segments): segments of 16 blocks (a K piece of 512) and of 8
-    (256), with and without a tail, each A mode; weights and activations whose blocks differ
+    row segments by activation segments): segments of 16 blocks and of 8 (a piece of 256
+    columns takes 8 either way), with and without a tail, each A mode; weights and activations whose blocks differ
     in scale by up to 2^12. Within a bf16 step of the reference, as the CUDA-core dot is."""
     n, k = 64, block_k + k_tail
     w, w_codes = quantize_weight_blocks(spread(x_of(n, k, 120), 121))
@@ -206,31 +207,37 @@ def test_one_token_tensor_core_dot_matches_the_reference(monkeypatch, mode, bloc
     want = mx_linear(x8, w, ws)
     cfg = GemmConfig(block_m=1, block_n=16, block_k=block_k, split_k=1, gemv=True, k_tail=k_tail)
     got = {}
-    for tc in (1, 0):
-        monkeypatch.setenv("DSV41_GEMV_TC", str(tc))
-        assert gemv_tensor_cores(cfg, {"cast": 1, "mx": 0, "norm": 3}[mode]) == bool(tc)
-        got[tc] = mx_gemm(a, w, ws, scratch=Scratch(), config=cfg)
-        assert_bf16_close(got[tc], want)
-    assert_bf16_close(got[1], got[0])
+    for seg in (16, 8, 0):
+        monkeypatch.setenv("DSV41_GEMV_TC", str(seg))
+        assert gemv_tensor_cores(cfg, {"cast": 1, "mx": 0, "norm": 3}[mode], 4, 132) == seg
+        got[seg] = mx_gemm(a, w, ws, scratch=Scratch(), config=cfg)
+        assert_bf16_close(got[seg], want)
+    assert_bf16_close(got[16], got[0])
+    assert_bf16_close(got[8], got[0])
 
 
 def test_tensor_core_dot_rule(monkeypatch):
     """Tensor cores take one token's one-step whole-row tiles whose pieces are whole segments
-    of 8 MX blocks; not two tokens, several K steps, 4-block pieces; the switch names itself."""
+    of 8 MX blocks, where the programs fit two a SM; not two tokens, several K steps, 4-block
+    pieces, or more programs; the switch names itself."""
     monkeypatch.delenv("DSV41_GEMV_TC", raising=False)
     one = GemmConfig(block_m=1, block_n=16, block_k=1024, split_k=1, gemv=True, k_tail=256)
-    assert gemv_tensor_cores(one, 0)
+    assert gemv_tensor_cores(one, 0, 264, 132) == 16
+    assert gemv_tensor_cores(one, 0, 265, 132) == 0  # a third program on some SM
     for cfg in (GemmConfig(block_m=2, block_n=16, block_k=1024, split_k=1, gemv=True),
                 GemmConfig(block_m=1, block_n=16, block_k=512, split_k=1, gemv=True, k_steps=2),
                 GemmConfig(block_m=1, block_n=16, block_k=1024, split_k=1, gemv=True, k_tail=128),
                 GemmConfig(block_m=1, block_n=16, block_k=128, split_k=1, gemv=True),
                 GemmConfig(block_m=1, block_n=16, block_k=1024, split_k=1)):  # fmt: skip
-        assert not gemv_tensor_cores(cfg, 0), cfg
+        assert not gemv_tensor_cores(cfg, 0, 64, 132), cfg
     monkeypatch.setenv("DSV41_GEMV_TC", "0")
-    assert not gemv_tensor_cores(one, 0)
-    monkeypatch.setenv("DSV41_GEMV_TC", "2")
-    with pytest.raises(ValueError, match="DSV41_GEMV_TC: expected 0 or 1, got '2'"):
-        gemv_tensor_cores(one, 0)
+    assert not gemv_tensor_cores(one, 0, 64, 132)
+    monkeypatch.setenv("DSV41_GEMV_TC", "1")
+    with pytest.raises(ValueError, match="DSV41_GEMV_TC: expected 0, 8 or 16, got '1'"):
+        gemv_tensor_cores(one, 0, 64, 132)
+    monkeypatch.setenv("DSV41_GEMV_TC_WARPS", "2")
+    with pytest.raises(ValueError, match="DSV41_GEMV_TC_WARPS: expected 4 or 8, got '2'"):
+        gemv_tc_warps(one)
 
 
 def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
@@ -564,12 +571,12 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
           "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
-          "HW_E4M3": True, "TC": False}
+          "HW_E4M3": True, "TC": 0}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 if sys.argv[1] == "tc":  # one token's whole rows with a tail, the dot on tensor cores
     consts.update(GEMV=True, BLOCK_M=1, BLOCK_N=16, BLOCK_K=1024, K_TAIL=256, SPLIT_K=1,
-                  USE_PDL=True, TC=True)
+                  USE_PDL=True, TC=16)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
          "part_ptr": "*fp32", "ticket_ptr": "*i32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
          "sin_ptr": "*fp32"}

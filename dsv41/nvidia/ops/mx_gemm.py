@@ -60,7 +60,7 @@ from dsv41.common.mx import (
 )
 from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
-from dsv41.common.switches import env_flag, env_int
+from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
@@ -105,6 +105,8 @@ GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS ove
 # z cast in wo_b 29.5 / 41.7, against 30.3-31.0 / 43.8 split; 16 KB tiles (Wqkv 2 rows of 4
 # warps at 80 registers: more than one wave) 34.1 / -.
 GEMV_TAIL_BYTES = 32768
+GEMV_TC_SEG = 16  # one token's tensor-core dot: MX blocks a segment (gemv_tensor_cores)
+GEMV_TC_PER_SM = 2  # ... and the most of its programs a SM
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
@@ -208,7 +210,8 @@ def _gemv_dot_one(acc, w8, wc, values, scales):
 
 
 @triton.jit
-def _tc_weight_tl(w8, wc, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, F16: tl.constexpr):
+def _tc_weight_tl(w8, wc, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr,
+                  F16: tl.constexpr):  # fmt: skip
     """The CUDA-core tile ``w8 [BLOCKS, BLOCK_N, 32]`` (codes ``wc``) as the first operand of
     ``_tc_dot_one``'s tensor-core dot, made before the PDL wait. The dot's rows are (weight row
     ``n``, segment ``i`` of ``S`` MX blocks) pairs, ``S`` 16 (8 where BLOCKS is no multiple of
@@ -217,7 +220,7 @@ def _tc_weight_tl(w8, wc, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, F16: tl.c
     ``F16`` (the GPU): ``a`` in float16, where an e4m3 value (a multiple of 2^-9) times
     ``2^-d`` is exact for ``d <= 15``; a block further below its row's largest rounds to the
     f16 subnormal grid, an error 2^-34 of the row's largest product, under the fp32 sum's own."""
-    S: tl.constexpr = 16 if BLOCKS % 16 == 0 else 8
+    S: tl.constexpr = SEG if BLOCKS % SEG == 0 else 8
     T: tl.constexpr = BLOCKS // S
     ws = e8m0_scale_tl(wc.to(tl.int32))
     top = tl.max(ws, axis=0)
@@ -233,14 +236,14 @@ def _tc_weight_tl(w8, wc, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, F16: tl.c
 
 @triton.jit
 def _tc_dot_one(acc, a, top, values, scales, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr,
-                F16: tl.constexpr):  # fmt: skip
+                SEG: tl.constexpr, F16: tl.constexpr):  # fmt: skip
     """``acc [1, BLOCK_N]`` plus one token's dots with ``_tc_weight_tl``'s tile on tensor cores.
     The activation (``_gemv_act_cast``'s values and scales, relative to its largest block) is the
     second operand, ``b[(t, j), c] = x[(t S + c) 32 + j]``; column ``c`` of dot row ``(n, i)``
     pairs segment ``c`` of x with segment ``i`` of the row, so a row's dot is the sum of its
     diagonal. Products of the operands are exact; the sums are fp32 (``F16`` as in
     ``_tc_weight_tl``; the interpreter's fp32 dot otherwise)."""
-    S: tl.constexpr = 16 if BLOCKS % 16 == 0 else 8
+    S: tl.constexpr = SEG if BLOCKS % SEG == 0 else 8
     T: tl.constexpr = BLOCKS // S
     top_a = tl.max(scales, axis=0)
     b = values * (scales / top_a)[:, None]
@@ -383,7 +386,7 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
-    TC: tl.constexpr = False,
+    TC: tl.constexpr = 0,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -413,9 +416,9 @@ def mx_gemm_kernel(
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
         if TC:  # the tensor-core operands, made while the previous kernel runs
-            wa, wtop = _tc_weight_tl(w8, wc, BLOCKS, BLOCK_N, DOT_BF16)
+            wa, wtop = _tc_weight_tl(w8, wc, BLOCKS, BLOCK_N, TC, DOT_BF16)
             if K_TAIL > 0:
-                ta, ttop = _tc_weight_tl(t8, tc, K_TAIL // _MX, BLOCK_N, DOT_BF16)
+                ta, ttop = _tc_weight_tl(t8, tc, K_TAIL // _MX, BLOCK_N, TC, DOT_BF16)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
@@ -452,14 +455,14 @@ def mx_gemm_kernel(
                 factor = rms_factor_of_tl(squares, K, eps)
             values, scales = _gemv_act_cast(x, xc, g, factor, BLOCKS, A_MODE, HW_E4M3)
             if TC:
-                acc = _tc_dot_one(acc, wa, wtop, values, scales, BLOCKS, BLOCK_N, DOT_BF16)
+                acc = _tc_dot_one(acc, wa, wtop, values, scales, BLOCKS, BLOCK_N, TC, DOT_BF16)
             else:
                 acc = _gemv_dot_one(acc, w8, wc, values, scales)
             if K_TAIL > 0:
                 values, scales = _gemv_act_cast(tx, txc, tg, factor, K_TAIL // _MX, A_MODE,
                                                 HW_E4M3)  # fmt: skip
                 if TC:
-                    acc = _tc_dot_one(acc, ta, ttop, values, scales, K_TAIL // _MX, BLOCK_N,
+                    acc = _tc_dot_one(acc, ta, ttop, values, scales, K_TAIL // _MX, BLOCK_N, TC,
                                       DOT_BF16)  # fmt: skip
                 else:
                     acc = _gemv_dot_one(acc, t8, tc, values, scales)
@@ -656,19 +659,30 @@ def gemv_tail_tile() -> int:
     return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
 
 
-def gemv_tensor_cores(cfg: GemmConfig, a_mode: int) -> bool:
-    """Whether a CUDA-core loop config runs its dot on tensor cores (``_tc_dot_one``):
-    ``DSV41_GEMV_TC`` (1 or 0), on by default, for one token's one-step tile (the kernel's
-    ``ONE``) whose pieces are whole segments of 8 MX blocks and give the dot >= 16 rows."""
-    if not env_flag("DSV41_GEMV_TC", True):
-        return False
+def gemv_tensor_cores(cfg: GemmConfig, a_mode: int, programs: int, sms: int) -> int:
+    """The MX blocks of a segment where a CUDA-core loop config runs its dot on tensor cores
+    (``_tc_dot_one``), else 0: ``DSV41_GEMV_TC`` (0, or 8 or 16 blocks; default
+    ``GEMV_TC_SEG``) for one token's one-step tile (the kernel's ``ONE``) whose pieces are whole
+    segments (a piece not a whole number of them takes segments of 8 blocks) and give the dot
+    >= 16 rows, where the launch's ``programs`` fit ``GEMV_TC_PER_SM`` a SM: the f16 operand
+    doubles the weight's registers (about 110 a thread at 8 warps), and a program that waits
+    for a slot loads its weights after the PDL wait, not before."""
+    seg = env_int("DSV41_GEMV_TC", GEMV_TC_SEG, lambda v: v in (0, 8, 16), "0, 8 or 16")
     one = cfg.block_m == 1 and cfg.k_steps == 1 and (cfg.split_k == 1 or a_mode != A_NORM)
 
     def fits(cols: int) -> bool:  # a piece of `cols` columns: whole segments, >= 16 dot rows
         blocks = cols // MX_BLOCK
-        return blocks % 8 == 0 and cfg.block_n * (16 if blocks % 16 == 0 else 8) >= 16
+        s = seg if blocks % seg == 0 else 8
+        return blocks % s == 0 and cfg.block_n * s >= 16
 
-    return cfg.gemv and one and fits(cfg.block_k) and (not cfg.k_tail or fits(cfg.k_tail))
+    ok = seg and cfg.gemv and one and fits(cfg.block_k) and (not cfg.k_tail or fits(cfg.k_tail))
+    return seg if ok and programs <= GEMV_TC_PER_SM * sms else 0
+
+
+def gemv_tc_warps(cfg: GemmConfig) -> int:
+    """Warps of a tensor-core GEMV program: ``DSV41_GEMV_TC_WARPS`` (4 or 8), else the
+    config's."""
+    return env_int("DSV41_GEMV_TC_WARPS", cfg.num_warps, lambda v: v in (4, 8), "4 or 8")
 
 
 def _head_tail(k: int) -> tuple[int, int]:
@@ -938,6 +952,7 @@ def mx_gemm(
         part = tickets = out
     o8v, o8c = out8 if quant else a8_out if a8_out is not None else (out, out)
     pdl = pdl_enabled(m)
+    tc = gemv_tensor_cores(cfg, mode, math.prod(grid), sm_count(dev))
     mx_gemm_kernel[grid](
         a_val,
         a_codes,
@@ -973,7 +988,7 @@ def mx_gemm(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k,
-        num_warps=cfg.num_warps,
+        num_warps=gemv_tc_warps(cfg) if tc else cfg.num_warps,
         num_stages=cfg.num_stages,
         **geo,
         USE_PDL=pdl,
@@ -981,7 +996,7 @@ def mx_gemm(
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
-        TC=gemv_tensor_cores(cfg, mode),
+        TC=tc,
         **pdl_launch_options(pdl),
     )
     return out
