@@ -220,7 +220,10 @@ if [ "$what" = s16b ]; then
   timeout 60 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
 fi
 if [ "$what" = s16c ]; then
-  # Session 16, call 3 (about 5 minutes): the tables of both backends at tp 4 and 2.
+  # Session 16, call 3 (about 6 minutes): nvidia's step GPU tests on the final defaults
+  # (tensor cores off), then the tables of both backends at tp 4 and 2.
+  timeout 160 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    --timeout 150 2>&1 | tail -3
   for tp in 4 2; do
     BT=200 b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /" \
       | tee -a "$OUT/tables.txt"

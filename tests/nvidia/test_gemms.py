@@ -34,6 +34,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     GEMV_QUANT_TILE_BYTES,
     GEMV_SPLIT_TILE_BYTES,
     GEMV_TAIL_BYTES,
+    GEMV_TC_SEG,
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
     TRACE_FIELDS,
@@ -217,11 +218,13 @@ def test_one_token_tensor_core_dot_matches_the_reference(monkeypatch, mode, bloc
 
 
 def test_tensor_core_dot_rule(monkeypatch):
-    """Tensor cores take one token's one-step whole-row tiles whose pieces are whole segments
-    of 8 MX blocks, where the programs fit two a SM; not two tokens, several K steps, 4-block
-    pieces, or more programs; the switch names itself."""
+    """Off by default; switched on, tensor cores take one token's one-step whole-row tiles
+    whose pieces are whole segments of 8 MX blocks, where the programs fit two a SM; not two
+    tokens, several K steps, 4-block pieces, or more programs; the switch names itself."""
     monkeypatch.delenv("DSV41_GEMV_TC", raising=False)
     one = GemmConfig(block_m=1, block_n=16, block_k=1024, split_k=1, gemv=True, k_tail=256)
+    assert gemv_tensor_cores(one, 0, 64, 132) == GEMV_TC_SEG == 0  # off: slower on the H200
+    monkeypatch.setenv("DSV41_GEMV_TC", "16")
     assert gemv_tensor_cores(one, 0, 264, 132) == 16
     assert gemv_tensor_cores(one, 0, 265, 132) == 0  # a third program on some SM
     for cfg in (GemmConfig(block_m=2, block_n=16, block_k=1024, split_k=1, gemv=True),

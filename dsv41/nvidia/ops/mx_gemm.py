@@ -105,7 +105,10 @@ GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS ove
 # z cast in wo_b 29.5 / 41.7, against 30.3-31.0 / 43.8 split; 16 KB tiles (Wqkv 2 rows of 4
 # warps at 80 registers: more than one wave) 34.1 / -.
 GEMV_TAIL_BYTES = 32768
-GEMV_TC_SEG = 16  # one token's tensor-core dot: MX blocks a segment (gemv_tensor_cores)
+# One token's dot on tensor cores (gemv_tensor_cores): MX blocks a segment, 0 off. H200 session
+# 16, tp 4, M = 1: every site on it 38.6 us against 26.9 (about 110 registers a thread: programs
+# wait for a slot); only wo_a (its 256 programs fit two a SM) 28.7 / 29.4 against 26.5 / 27.2.
+GEMV_TC_SEG = 0
 GEMV_TC_PER_SM = 2  # ... and the most of its programs a SM
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
@@ -662,7 +665,7 @@ def gemv_tail_tile() -> int:
 def gemv_tensor_cores(cfg: GemmConfig, a_mode: int, programs: int, sms: int) -> int:
     """The MX blocks of a segment where a CUDA-core loop config runs its dot on tensor cores
     (``_tc_dot_one``), else 0: ``DSV41_GEMV_TC`` (0, or 8 or 16 blocks; default
-    ``GEMV_TC_SEG``) for one token's one-step tile (the kernel's ``ONE``) whose pieces are whole
+    ``GEMV_TC_SEG``, off) for one token's one-step tile (the kernel's ``ONE``) whose pieces are whole
     segments (a piece not a whole number of them takes segments of 8 blocks) and give the dot
     >= 16 rows, where the launch's ``programs`` fit ``GEMV_TC_PER_SM`` a SM: the f16 operand
     doubles the weight's registers (about 110 a thread at 8 warps), and a program that waits
