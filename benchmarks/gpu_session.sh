@@ -14,7 +14,8 @@
 # s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
 # prepared, not run); s12 .. s12g: session 12's calls; s13 .. s13e: session 13's;
 # s14 .. s14c: session 14's;
-# s15, s15b: session 15's; s16 .. s16c: session 16's.
+# s15, s15b: session 15's; s16 .. s16c: session 16's (s16, s16b: the tensor-core GEMV, removed
+# after them; DSV41_GEMV_TC no longer exists).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

@@ -19,7 +19,6 @@ from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import (
     E4M3,
-    MX_BLOCK,
     block_to_row_scales,
     mxfp8_dequantize,
     mxfp8_quantize,
@@ -34,7 +33,6 @@ from dsv41.nvidia.ops.mx_gemm import (
     GEMV_QUANT_TILE_BYTES,
     GEMV_SPLIT_TILE_BYTES,
     GEMV_TAIL_BYTES,
-    GEMV_TC_SEG,
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
     TRACE_FIELDS,
@@ -43,8 +41,6 @@ from dsv41.nvidia.ops.mx_gemm import (
     Scratch,
     bucket_for,
     gemm_config,
-    gemv_tc_warps,
-    gemv_tensor_cores,
     mx_gemm,
 )
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert, prefetch_ahead
@@ -175,72 +171,6 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m, tail):
     if z8 is not None:
         assert_mx_close(z8, mxfp8_quantize(got))
     assert not scratch.tickets.any()
-
-
-def spread(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """``x`` with each 32-column block (of each 32 rows) scaled by its own 2^-8 .. 2^4, so the
-    blocks of a row carry different E8M0 codes."""
-    rows, cols = (x.shape[0] + MX_BLOCK - 1) // MX_BLOCK, x.shape[1] // MX_BLOCK
-    g = torch.Generator().manual_seed(seed)
-    shift = torch.randint(-8, 5, (rows, cols), generator=g).float().exp2()
-    return (x.float() * shift.repeat_interleave(MX_BLOCK, 0)[: x.shape[0]].repeat_interleave(
-        MX_BLOCK, 1)).bfloat16()  # fmt: skip
-
-
-@pytest.mark.parametrize("mode", ["cast", "mx", "norm"])
-@pytest.mark.parametrize("block_k, k_tail", [(256, 0), (512, 0), (512, 256), (256, 512)])
-def test_one_token_tensor_core_dot_matches_the_reference(monkeypatch, mode, block_k, k_tail):
-    """One token's whole-row tile on tensor cores (DSV41_GEMV_TC, the diagonal of a dot of
-    row segments by activation segments): segments of 16 blocks and of 8 (a piece of 256
-    columns takes 8 either way), with and without a tail, each A mode; weights and activations whose blocks differ
-    in scale by up to 2^12. Within a bf16 step of the reference, as the CUDA-core dot is."""
-    n, k = 64, block_k + k_tail
-    w, w_codes = quantize_weight_blocks(spread(x_of(n, k, 120), 121))
-    ws = block_to_row_scales(w_codes)
-    x = spread(x_of(1, k, 122), 123)
-    norm = (1 + 0.5 * x_of(1, k, 124)[0].float()).bfloat16()
-    if mode == "cast":
-        a, x8 = x, mxfp8_quantize(x)
-    elif mode == "mx":
-        a = x8 = mxfp8_quantize(x)
-    else:
-        a, x8 = NormInput(x, norm, 1e-6), mxfp8_quantize(rmsnorm(x, norm, 1e-6))
-    want = mx_linear(x8, w, ws)
-    cfg = GemmConfig(block_m=1, block_n=16, block_k=block_k, split_k=1, gemv=True, k_tail=k_tail)
-    got = {}
-    for seg in (16, 8, 0):
-        monkeypatch.setenv("DSV41_GEMV_TC", str(seg))
-        assert gemv_tensor_cores(cfg, {"cast": 1, "mx": 0, "norm": 3}[mode], 4, 132) == seg
-        got[seg] = mx_gemm(a, w, ws, scratch=Scratch(), config=cfg)
-        assert_bf16_close(got[seg], want)
-    assert_bf16_close(got[16], got[0])
-    assert_bf16_close(got[8], got[0])
-
-
-def test_tensor_core_dot_rule(monkeypatch):
-    """Off by default; switched on, tensor cores take one token's one-step whole-row tiles
-    whose pieces are whole segments of 8 MX blocks, where the programs fit two a SM; not two
-    tokens, several K steps, 4-block pieces, or more programs; the switch names itself."""
-    monkeypatch.delenv("DSV41_GEMV_TC", raising=False)
-    one = GemmConfig(block_m=1, block_n=16, block_k=1024, split_k=1, gemv=True, k_tail=256)
-    assert gemv_tensor_cores(one, 0, 64, 132) == GEMV_TC_SEG == 0  # off: slower on the H200
-    monkeypatch.setenv("DSV41_GEMV_TC", "16")
-    assert gemv_tensor_cores(one, 0, 264, 132) == 16
-    assert gemv_tensor_cores(one, 0, 265, 132) == 0  # a third program on some SM
-    for cfg in (GemmConfig(block_m=2, block_n=16, block_k=1024, split_k=1, gemv=True),
-                GemmConfig(block_m=1, block_n=16, block_k=512, split_k=1, gemv=True, k_steps=2),
-                GemmConfig(block_m=1, block_n=16, block_k=1024, split_k=1, gemv=True, k_tail=128),
-                GemmConfig(block_m=1, block_n=16, block_k=128, split_k=1, gemv=True),
-                GemmConfig(block_m=1, block_n=16, block_k=1024, split_k=1)):  # fmt: skip
-        assert not gemv_tensor_cores(cfg, 0, 64, 132), cfg
-    monkeypatch.setenv("DSV41_GEMV_TC", "0")
-    assert not gemv_tensor_cores(one, 0, 64, 132)
-    monkeypatch.setenv("DSV41_GEMV_TC", "1")
-    with pytest.raises(ValueError, match="DSV41_GEMV_TC: expected 0, 8 or 16, got '1'"):
-        gemv_tensor_cores(one, 0, 64, 132)
-    monkeypatch.setenv("DSV41_GEMV_TC_WARPS", "2")
-    with pytest.raises(ValueError, match="DSV41_GEMV_TC_WARPS: expected 4 or 8, got '2'"):
-        gemv_tc_warps(one)
 
 
 def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
@@ -574,12 +504,9 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
           "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
-          "HW_E4M3": True, "TC": 0}
+          "HW_E4M3": True}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
-if sys.argv[1] == "tc":  # one token's whole rows with a tail, the dot on tensor cores
-    consts.update(GEMV=True, BLOCK_M=1, BLOCK_N=16, BLOCK_K=1024, K_TAIL=256, SPLIT_K=1,
-                  USE_PDL=True, TC=16)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
          "part_ptr": "*fp32", "ticket_ptr": "*i32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
          "sin_ptr": "*fp32"}
@@ -589,25 +516,20 @@ before_wait = ptx.split("griddepcontrol.wait")[0]
 print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait))} |
                  {k: len(re.findall(p, ptx)) for k, p in
                   {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
-                   "byte_loads": r"ld\.global\.b8", "waits": r"griddepcontrol\.wait",
-                   "f16_mma": r"(mma\.sync|wgmma)\S*\.f32\.f16\.f16"}.items()}))
+                   "byte_loads": r"ld\.global\.b8", "waits": r"griddepcontrol\.wait"}.items()}))
 """
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
-@pytest.mark.parametrize("loop", ["mma", "gemv", "tc"])
+@pytest.mark.parametrize("loop", ["mma", "gemv"])
 def test_weight_stream_compiles_to_wide_loads_for_sm90(loop):
     """wq_b compiled for SM90 without a GPU: the MMA loop's weights arrive by cp.async, the
     CUDA-core loop's by 16-byte vector loads straight to registers, issued before the PDL
-    wait; never by byte loads. One token's tensor-core dot (``tc``) is f16 MMAs."""
+    wait; never by byte loads."""
     counts = ptx_facts(SM90_COMPILE, loop)
     if loop == "mma":
         assert counts["cp_async"] > 0 and counts["mma"] > 0, counts
-    elif loop == "tc":
-        assert counts["waits"] == 1 and counts["wide_before_wait"] >= 4, counts
-        assert counts["f16_mma"] > 0, counts
     else:  # 64 x 256 bytes over 256 threads: four 16-byte loads each
         assert counts["waits"] == 1 and counts["wide_before_wait"] >= 4, counts
         assert counts["mma"] == 0, counts
-    # the epilogue's scalar loads at most; with tc, the x codes too (two threads a code word)
-    assert counts["byte_loads"] <= (5 if loop == "tc" else 2), counts
+    assert counts["byte_loads"] <= 2, counts  # the epilogue's scalar loads at most

@@ -105,11 +105,6 @@ GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS ove
 # z cast in wo_b 29.5 / 41.7, against 30.3-31.0 / 43.8 split; 16 KB tiles (Wqkv 2 rows of 4
 # warps at 80 registers: more than one wave) 34.1 / -.
 GEMV_TAIL_BYTES = 32768
-# One token's dot on tensor cores (gemv_tensor_cores): MX blocks a segment, 0 off. H200 session
-# 16, tp 4, M = 1: every site on it 38.6 us against 26.9 (about 110 registers a thread: programs
-# wait for a slot); only wo_a (its 256 programs fit two a SM) 28.7 / 29.4 against 26.5 / 27.2.
-GEMV_TC_SEG = 0
-GEMV_TC_PER_SM = 2  # ... and the most of its programs a SM
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
@@ -210,57 +205,6 @@ def _gemv_dot_one(acc, w8, wc, values, scales):
     values and scales): each block's 32 exact products summed, weighted by both E8M0 scales."""
     part = tl.sum(w8.to(tl.float32) * values[:, None, :], axis=2)
     return acc + tl.sum(part * (e8m0_scale_tl(wc.to(tl.int32)) * scales[:, None]), axis=0)[None, :]
-
-
-@triton.jit
-def _tc_weight_tl(w8, wc, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr,
-                  F16: tl.constexpr):  # fmt: skip
-    """The CUDA-core tile ``w8 [BLOCKS, BLOCK_N, 32]`` (codes ``wc``) as the first operand of
-    ``_tc_dot_one``'s tensor-core dot, made before the PDL wait. The dot's rows are (weight row
-    ``n``, segment ``i`` of ``S`` MX blocks) pairs, ``S`` 16 (8 where BLOCKS is no multiple of
-    16): ``a[(n, i), (t, j)] = w[n, (t S + i) 32 + j] 2^(code - top)``, ``top`` the row's
-    largest code. Returns ``(a [BLOCK_N S, BLOCKS / S * 32], 2^(top - 127) [BLOCK_N])``.
-    ``F16`` (the GPU): ``a`` in float16, where an e4m3 value (a multiple of 2^-9) times
-    ``2^-d`` is exact for ``d <= 15``; a block further below its row's largest rounds to the
-    f16 subnormal grid, an error 2^-34 of the row's largest product, under the fp32 sum's own."""
-    S: tl.constexpr = SEG if BLOCKS % SEG == 0 else 8
-    T: tl.constexpr = BLOCKS // S
-    ws = e8m0_scale_tl(wc.to(tl.int32))
-    top = tl.max(ws, axis=0)
-    rel = (ws / top[None, :])[:, :, None]
-    if F16:
-        wf = w8.to(tl.float16) * rel.to(tl.float16)
-    else:
-        wf = w8.to(tl.float32) * rel
-    a = tl.reshape(tl.permute(tl.reshape(wf, (T, S, BLOCK_N, _MX)), (2, 1, 0, 3)),
-                   (BLOCK_N * S, T * _MX))  # fmt: skip
-    return a, top
-
-
-@triton.jit
-def _tc_dot_one(acc, a, top, values, scales, BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr,
-                SEG: tl.constexpr, F16: tl.constexpr):  # fmt: skip
-    """``acc [1, BLOCK_N]`` plus one token's dots with ``_tc_weight_tl``'s tile on tensor cores.
-    The activation (``_gemv_act_cast``'s values and scales, relative to its largest block) is the
-    second operand, ``b[(t, j), c] = x[(t S + c) 32 + j]``; column ``c`` of dot row ``(n, i)``
-    pairs segment ``c`` of x with segment ``i`` of the row, so a row's dot is the sum of its
-    diagonal. Products of the operands are exact; the sums are fp32 (``F16`` as in
-    ``_tc_weight_tl``; the interpreter's fp32 dot otherwise)."""
-    S: tl.constexpr = SEG if BLOCKS % SEG == 0 else 8
-    T: tl.constexpr = BLOCKS // S
-    top_a = tl.max(scales, axis=0)
-    b = values * (scales / top_a)[:, None]
-    b = tl.reshape(tl.permute(tl.reshape(b, (T, S, _MX)), (0, 2, 1)), (T * _MX, S))
-    if S < 16:  # 16 columns at least: segment c in column 2 c, zeros between
-        b = tl.reshape(tl.join(b, tl.zeros_like(b)), (T * _MX, 2 * S))
-    if F16:
-        d = tl.dot(a, b.to(tl.float16))
-    else:
-        d = tl.dot(a, b, input_precision="ieee")
-    diag = tl.arange(0, 16)[None, :] == (tl.arange(0, S) * (16 // S))[:, None]
-    dots = tl.sum(tl.sum(tl.where(diag[None, :, :], tl.reshape(d, (BLOCK_N, S, 16)), 0.0), axis=2),
-                  axis=1)  # fmt: skip
-    return acc + (dots * top * top_a)[None, :]
 
 
 @triton.jit
@@ -389,12 +333,10 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
-    TC: tl.constexpr = 0,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
-    hardware's conversions. ``TC``: one token's whole-row tile (``gemv_tensor_cores``) runs
-    its dot on tensor cores (``_tc_dot_one``), not CUDA-core FMAs."""
+    hardware's conversions."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -418,10 +360,6 @@ def mx_gemm_kernel(
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
-        if TC:  # the tensor-core operands, made while the previous kernel runs
-            wa, wtop = _tc_weight_tl(w8, wc, BLOCKS, BLOCK_N, TC, DOT_BF16)
-            if K_TAIL > 0:
-                ta, ttop = _tc_weight_tl(t8, tc, K_TAIL // _MX, BLOCK_N, TC, DOT_BF16)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
@@ -439,7 +377,6 @@ def mx_gemm_kernel(
         # the wait (and A_NORM's RMS factor taken from those pieces), so the program pays one
         # L2 round trip for its activation, not one for the factor, one a piece.
         ONE: tl.constexpr = BLOCK_M == 1 and K_STEPS == 1 and (SPLIT_K == 1 or A_MODE != A_NORM)
-        tl.static_assert(ONE or not TC, "tensor cores take one token's one-step tile")
         rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if ONE:
             row = tl.minimum(pid_m, M - 1)
@@ -457,18 +394,11 @@ def mx_gemm_kernel(
                     squares += tl.sum(tl.sum(tx * tx, axis=1), axis=0)
                 factor = rms_factor_of_tl(squares, K, eps)
             values, scales = _gemv_act_cast(x, xc, g, factor, BLOCKS, A_MODE, HW_E4M3)
-            if TC:
-                acc = _tc_dot_one(acc, wa, wtop, values, scales, BLOCKS, BLOCK_N, TC, DOT_BF16)
-            else:
-                acc = _gemv_dot_one(acc, w8, wc, values, scales)
+            acc = _gemv_dot_one(acc, w8, wc, values, scales)
             if K_TAIL > 0:
                 values, scales = _gemv_act_cast(tx, txc, tg, factor, K_TAIL // _MX, A_MODE,
                                                 HW_E4M3)  # fmt: skip
-                if TC:
-                    acc = _tc_dot_one(acc, ta, ttop, values, scales, K_TAIL // _MX, BLOCK_N, TC,
-                                      DOT_BF16)  # fmt: skip
-                else:
-                    acc = _gemv_dot_one(acc, t8, tc, values, scales)
+                acc = _gemv_dot_one(acc, t8, tc, values, scales)
         elif A_MODE == A_NORM:
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
@@ -660,32 +590,6 @@ def gemv_tail_tile() -> int:
     ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
     or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
     return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
-
-
-def gemv_tensor_cores(cfg: GemmConfig, a_mode: int, programs: int, sms: int) -> int:
-    """The MX blocks of a segment where a CUDA-core loop config runs its dot on tensor cores
-    (``_tc_dot_one``), else 0: ``DSV41_GEMV_TC`` (0, or 8 or 16 blocks; default
-    ``GEMV_TC_SEG``, off) for one token's one-step tile (the kernel's ``ONE``) whose pieces are whole
-    segments (a piece not a whole number of them takes segments of 8 blocks) and give the dot
-    >= 16 rows, where the launch's ``programs`` fit ``GEMV_TC_PER_SM`` a SM: the f16 operand
-    doubles the weight's registers (about 110 a thread at 8 warps), and a program that waits
-    for a slot loads its weights after the PDL wait, not before."""
-    seg = env_int("DSV41_GEMV_TC", GEMV_TC_SEG, lambda v: v in (0, 8, 16), "0, 8 or 16")
-    one = cfg.block_m == 1 and cfg.k_steps == 1 and (cfg.split_k == 1 or a_mode != A_NORM)
-
-    def fits(cols: int) -> bool:  # a piece of `cols` columns: whole segments, >= 16 dot rows
-        blocks = cols // MX_BLOCK
-        s = seg if blocks % seg == 0 else 8
-        return blocks % s == 0 and cfg.block_n * s >= 16
-
-    ok = seg and cfg.gemv and one and fits(cfg.block_k) and (not cfg.k_tail or fits(cfg.k_tail))
-    return seg if ok and programs <= GEMV_TC_PER_SM * sms else 0
-
-
-def gemv_tc_warps(cfg: GemmConfig) -> int:
-    """Warps of a tensor-core GEMV program: ``DSV41_GEMV_TC_WARPS`` (4 or 8), else the
-    config's."""
-    return env_int("DSV41_GEMV_TC_WARPS", cfg.num_warps, lambda v: v in (4, 8), "4 or 8")
 
 
 def _head_tail(k: int) -> tuple[int, int]:
@@ -955,7 +859,6 @@ def mx_gemm(
         part = tickets = out
     o8v, o8c = out8 if quant else a8_out if a8_out is not None else (out, out)
     pdl = pdl_enabled(m)
-    tc = gemv_tensor_cores(cfg, mode, math.prod(grid), sm_count(dev))
     mx_gemm_kernel[grid](
         a_val,
         a_codes,
@@ -991,7 +894,7 @@ def mx_gemm(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k,
-        num_warps=gemv_tc_warps(cfg) if tc else cfg.num_warps,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **geo,
         USE_PDL=pdl,
@@ -999,7 +902,6 @@ def mx_gemm(
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
-        TC=tc,
         **pdl_launch_options(pdl),
     )
     return out
