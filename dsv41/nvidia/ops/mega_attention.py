@@ -339,6 +339,8 @@ def mega_attention_kernel(
                                              ALIGNED)  # fmt: skip
         if TRACE:
             _stamp_tl(stamps, 1, k_early)
+        if DOT_BF16:  # the dot's bf16 keys made before the wait too (exact, as in _key_step_tl)
+            k_early = k_early.to(tl.bfloat16)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
