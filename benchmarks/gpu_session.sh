@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -14,7 +14,7 @@
 # s10 .. s10g: session 10's calls 1 to 7; s11 .. s11e, s11g, s11h: session 11's calls 1 to 7 (s11f
 # prepared, not run); s12 .. s12g: session 12's calls; s13 .. s13e: session 13's;
 # s14 .. s14c: session 14's;
-# s15, s15b: session 15's; s16 .. s16d: session 16's (s16, s16b: the tensor-core GEMV, removed
+# s15, s15b: session 15's; s16 .. s16e: session 16's (s16, s16b: the tensor-core GEMV, removed
 # after them; DSV41_GEMV_TC no longer exists).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
@@ -244,6 +244,20 @@ if [ "$what" = s16d ]; then
   done
   v "" --backend nvidia --tp 2 --tokens 1,2
   (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/0aa86cd: /')
+fi
+if [ "$what" = s16e ]; then
+  # Session 16, call 5 (about 4 minutes): one token's weight scales converted before the PDL
+  # wait (gemv_early_scales): nvidia's GEMM and step GPU tests; A/B against 542c57d (a copy in
+  # _old/, not committed) at tp 4 (twice) and tp 2, one and two tokens.
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
+    tests/gpu/test_nvidia_step_gpu.py -k "not o_proj and not trace and not graph" \
+    --timeout 110 2>&1 | tail -3
+  for r in 1 2; do
+    v "" --backend nvidia --tp 4 --tokens 1,2
+    (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 4 --tokens 1,2 | sed 's/^/542c57d: /')
+  done
+  v "" --backend nvidia --tp 2 --tokens 1,2
+  (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/542c57d: /')
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.
