@@ -41,7 +41,6 @@ from dsv41.nvidia.ops.mx_gemm import (
     Scratch,
     bucket_for,
     gemm_config,
-    gemv_early_scales,
     mx_gemm,
 )
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert, prefetch_ahead
@@ -172,34 +171,6 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m, tail):
     if z8 is not None:
         assert_mx_close(z8, mxfp8_quantize(got))
     assert not scratch.tickets.any()
-
-
-@pytest.mark.parametrize("mode", ["cast", "mx"])
-def test_early_weight_scales_change_no_bit(monkeypatch, mode):
-    """One token's whole-row tile with a tail: its weight scales converted before the wait
-    (``EARLY_SCALES``, where ``gemv_early_scales`` allows) or where they are used give the same
-    bits, and the reference's within a bf16 step; the rule: one token, one K step, no A_NORM,
-    one wave of GEMV_EARLY_SCALES_PER_SM programs a SM."""
-    n, k = 64, 768
-    w, w_codes = quantize_weight_blocks(x_of(n, k, 130).float() * 0.05)
-    ws = block_to_row_scales(w_codes)
-    x = x_of(1, k, 131)
-    a = x if mode == "cast" else mxfp8_quantize(x)
-    cfg = GemmConfig(block_m=1, block_n=16, block_k=512, split_k=1, gemv=True, k_tail=256)
-    a_mode = 1 if mode == "cast" else 0
-    assert gemv_early_scales(cfg, a_mode, 4, 8)
-    early = mx_gemm(a, w, ws, scratch=Scratch(), config=cfg)
-    monkeypatch.setattr("dsv41.nvidia.ops.mx_gemm.gemv_early_scales", lambda *args: False)
-    late = mx_gemm(a, w, ws, scratch=Scratch(), config=cfg)
-    assert torch.equal(early, late)
-    assert_bf16_close(early, mx_linear(mxfp8_quantize(x), w, ws))
-    monkeypatch.undo()
-    assert not gemv_early_scales(cfg, 3, 4, 8)  # A_NORM
-    assert not gemv_early_scales(cfg, a_mode, 4 * 8 + 1, 8)  # a second wave
-    for other in (GemmConfig(block_m=2, block_n=16, block_k=512, split_k=1, gemv=True),
-                  GemmConfig(block_m=1, block_n=16, block_k=256, split_k=1, gemv=True, k_steps=2),
-                  GemmConfig(block_m=1, block_n=16, block_k=512, split_k=1)):  # fmt: skip
-        assert not gemv_early_scales(other, a_mode, 4, 8), other
 
 
 def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
@@ -533,7 +504,7 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
           "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
-          "HW_E4M3": True, "EARLY_SCALES": False}
+          "HW_E4M3": True}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",

@@ -105,10 +105,6 @@ GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS ove
 # z cast in wo_b 29.5 / 41.7, against 30.3-31.0 / 43.8 split; 16 KB tiles (Wqkv 2 rows of 4
 # warps at 80 registers: more than one wave) 34.1 / -.
 GEMV_TAIL_BYTES = 32768
-# One token's weight scales converted before the PDL wait (gemv_early_scales) where the launch
-# is one wave of 4 programs a SM: SM90 SASS after the wait, tp 4, Wqkv 733 -> 681 lines (58 ->
-# 59 registers), wo_b 870 -> 831 (61 -> 64); tp 2's wo_b (640 programs) would go 64 -> 78.
-GEMV_EARLY_SCALES_PER_SM = 4
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
@@ -204,14 +200,11 @@ def _gemv_act(a_ptr, a_codes_ptr, g, row, stride_am, stride_acm, group, k0, col,
 
 
 @triton.jit
-def _gemv_dot_one(acc, w8, ws, values, scales, CODES: tl.constexpr):
-    """``acc [1, BLOCK_N]`` plus one token's dots with the CUDA-core tile (``ws`` its E8M0
-    codes with ``CODES``, else those as fp32 scales; ``_gemv_act_cast``'s values and scales):
-    each block's 32 exact products summed, weighted by both scales."""
+def _gemv_dot_one(acc, w8, wc, values, scales):
+    """``acc [1, BLOCK_N]`` plus one token's dots with the CUDA-core tile (``_gemv_act_cast``'s
+    values and scales): each block's 32 exact products summed, weighted by both E8M0 scales."""
     part = tl.sum(w8.to(tl.float32) * values[:, None, :], axis=2)
-    if CODES:  # converted here, where they are used: fewer registers live across the cast
-        ws = e8m0_scale_tl(ws.to(tl.int32))
-    return acc + tl.sum(part * (ws * scales[:, None]), axis=0)[None, :]
+    return acc + tl.sum(part * (e8m0_scale_tl(wc.to(tl.int32)) * scales[:, None]), axis=0)[None, :]
 
 
 @triton.jit
@@ -340,7 +333,6 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
-    EARLY_SCALES: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -368,13 +360,6 @@ def mx_gemm_kernel(
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
-        ws, tws = wc, wc
-        if EARLY_SCALES:  # gemv_early_scales: the weight's scales as fp32, before the wait too
-            ws = e8m0_scale_tl(wc.to(tl.int32))
-            if K_TAIL > 0:
-                tws = e8m0_scale_tl(tc.to(tl.int32))
-        elif K_TAIL > 0:
-            tws = tc
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
@@ -392,7 +377,6 @@ def mx_gemm_kernel(
         # the wait (and A_NORM's RMS factor taken from those pieces), so the program pays one
         # L2 round trip for its activation, not one for the factor, one a piece.
         ONE: tl.constexpr = BLOCK_M == 1 and K_STEPS == 1 and (SPLIT_K == 1 or A_MODE != A_NORM)
-        tl.static_assert(ONE or not EARLY_SCALES, "early scales serve one token's one K step")
         rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if ONE:
             row = tl.minimum(pid_m, M - 1)
@@ -410,11 +394,11 @@ def mx_gemm_kernel(
                     squares += tl.sum(tl.sum(tx * tx, axis=1), axis=0)
                 factor = rms_factor_of_tl(squares, K, eps)
             values, scales = _gemv_act_cast(x, xc, g, factor, BLOCKS, A_MODE, HW_E4M3)
-            acc = _gemv_dot_one(acc, w8, ws, values, scales, not EARLY_SCALES)
+            acc = _gemv_dot_one(acc, w8, wc, values, scales)
             if K_TAIL > 0:
                 values, scales = _gemv_act_cast(tx, txc, tg, factor, K_TAIL // _MX, A_MODE,
                                                 HW_E4M3)  # fmt: skip
-                acc = _gemv_dot_one(acc, t8, tws, values, scales, not EARLY_SCALES)
+                acc = _gemv_dot_one(acc, t8, tc, values, scales)
         elif A_MODE == A_NORM:
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
@@ -606,17 +590,6 @@ def gemv_tail_tile() -> int:
     ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
     or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
     return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
-
-
-def gemv_early_scales(cfg: GemmConfig, a_mode: int, programs: int, sms: int) -> bool:
-    """Whether one token's one-step CUDA-core tile converts its weight's E8M0 codes to fp32
-    scales before the PDL wait (``EARLY_SCALES``), not after it, where the registers allow:
-    the launch is one wave of ``GEMV_EARLY_SCALES_PER_SM`` programs a SM, and the activation
-    is no A_NORM (whose tile also holds the norm weight)."""
-    one = cfg.block_m == 1 and cfg.k_steps == 1 and (cfg.split_k == 1 or a_mode != A_NORM)
-    return bool(cfg.gemv and one
-                and a_mode != A_NORM  # wq_b went 53 -> 80 registers
-                and programs <= GEMV_EARLY_SCALES_PER_SM * sms)  # fmt: skip
 
 
 def _head_tail(k: int) -> tuple[int, int]:
@@ -929,7 +902,6 @@ def mx_gemm(
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
-        EARLY_SCALES=gemv_early_scales(cfg, mode, math.prod(grid), sm_count(dev)),
         **pdl_launch_options(pdl),
     )
     return out
