@@ -247,8 +247,9 @@ if [ "$what" = s16d ]; then
 fi
 if [ "$what" = s16e ]; then
   # Session 16, call 5 (about 4 minutes): one token's weight scales converted before the PDL
-  # wait (gemv_early_scales): nvidia's GEMM and step GPU tests; A/B against 542c57d (a copy in
-  # _old/, not committed) at tp 4 (twice) and tp 2, one and two tokens.
+  # wait (gemv_early_scales, removed after this call): nvidia's GEMM and step GPU tests; A/B
+  # against 542c57d (a copy in _old/, not committed) at tp 4 (twice) and tp 2, one and two
+  # tokens.
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py -k "not o_proj and not trace and not graph" \
     --timeout 110 2>&1 | tail -3
