@@ -42,6 +42,15 @@ ab() {
   for val in $vals; do v "$var=$val" "$@"; done
 }
 
+# vs_old TREE ARGS: b ARGS on this tree (rows tagged "default ARGS") and on the copy of TREE in
+# _old/ (not committed; rows tagged "TREE"), one after the other in the same call.
+vs_old() {
+  local tree=$1
+  shift
+  v "" "$@"
+  (cd _old && export PYTHONPATH=$PWD && b "$@" | sed "s/^/$tree: /")
+}
+
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu --timeout 500 ${PYTEST_ARGS:-} 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -25
@@ -107,13 +116,8 @@ if [ "$what" = s13d ]; then
   # timeline.
   timeout 220 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 200 2>&1 | tail -3
-  old() { (cd _old && export PYTHONPATH=$PWD && b "$@") | sed "s/^/call 3 tree: /"; }
-  for r in 1 2; do
-    v "" --backend nvidia --tp 4 --tokens 1,2
-    old --backend nvidia --tp 4 --tokens 1,2
-  done
-  v "" --backend nvidia --tp 2 --tokens 1
-  old --backend nvidia --tp 2 --tokens 1
+  for r in 1 2; do vs_old "call 3 tree" --backend nvidia --tp 4 --tokens 1,2; done
+  vs_old "call 3 tree" --backend nvidia --tp 2 --tokens 1
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --gemv-trace 2>&1 | tail -6
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline 2>&1 | tail -8
 fi
@@ -149,12 +153,8 @@ if [ "$what" = s14b ]; then
   timeout 280 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 270 2>&1 \
     | tail -3
-  for r in 1 2; do
-    v "" --backend nvidia --tp 4 --tokens 1,2
-    (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 4 --tokens 1,2 | sed 's/^/5ef6263: /')
-  done
-  v "" --backend nvidia --tp 2 --tokens 1,2
-  (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/5ef6263: /')
+  for r in 1 2; do vs_old 5ef6263 --backend nvidia --tp 4 --tokens 1,2; done
+  vs_old 5ef6263 --backend nvidia --tp 2 --tokens 1,2
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -9
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline 2>&1 | tail -9
 fi
@@ -174,12 +174,8 @@ if [ "$what" = s15 ]; then
   timeout 280 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 270 2>&1 \
     | tail -3
-  for r in 1 2; do
-    v "" --backend nvidia --tp 4 --tokens 1,2
-    (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 4 --tokens 1,2 | sed 's/^/6620dcd: /')
-  done
-  v "" --backend nvidia --tp 2 --tokens 1,2
-  (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/6620dcd: /')
+  for r in 1 2; do vs_old 6620dcd --backend nvidia --tp 4 --tokens 1,2; done
+  vs_old 6620dcd --backend nvidia --tp 2 --tokens 1,2
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
 fi
 if [ "$what" = s15b ]; then
@@ -238,12 +234,8 @@ if [ "$what" = s16d ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py -k "step_matches or graph or matches_reference" \
     --timeout 190 2>&1 | tail -3
-  for r in 1 2; do
-    v "" --backend nvidia --tp 4 --tokens 1,2
-    (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 4 --tokens 1,2 | sed 's/^/0aa86cd: /')
-  done
-  v "" --backend nvidia --tp 2 --tokens 1,2
-  (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/0aa86cd: /')
+  for r in 1 2; do vs_old 0aa86cd --backend nvidia --tp 4 --tokens 1,2; done
+  vs_old 0aa86cd --backend nvidia --tp 2 --tokens 1,2
 fi
 if [ "$what" = s16e ]; then
   # Session 16, call 5 (about 4 minutes): one token's weight scales converted before the PDL
@@ -253,12 +245,8 @@ if [ "$what" = s16e ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py -k "not o_proj and not trace and not graph" \
     --timeout 110 2>&1 | tail -3
-  for r in 1 2; do
-    v "" --backend nvidia --tp 4 --tokens 1,2
-    (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 4 --tokens 1,2 | sed 's/^/542c57d: /')
-  done
-  v "" --backend nvidia --tp 2 --tokens 1,2
-  (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 2 --tokens 1,2 | sed 's/^/542c57d: /')
+  for r in 1 2; do vs_old 542c57d --backend nvidia --tp 4 --tokens 1,2; done
+  vs_old 542c57d --backend nvidia --tp 2 --tokens 1,2
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.
