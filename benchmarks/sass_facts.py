@@ -1,0 +1,190 @@
+"""What each kernel of the nvidia step compiles to on SM90, without a GPU.
+
+One step of M tokens at a tp share runs on CPU tensors of the real geometry with every Triton
+launch caught instead of run (``JITFunction.run``), the launchers seeing an H200: 132 SMs, a
+CUDA device for the step's choices, and so the GPU's constexprs (not the interpreter's). Each
+caught launch is then compiled for SM90 (Triton's own ptxas) and described: registers a thread,
+spilled bytes, shared memory, SASS instructions, and those after the PDL wait (``ACQBULK``):
+what a program issues once its inputs are ready, the part of a one-token step that is on its
+critical path (BENCHMARKS.md, sessions 14 to 16). Pointer arguments count as 16-B aligned, as
+torch allocates them; an int argument divisible by 16 as such, as Triton specializes it. The
+installed Triton compiles (the H200 runs 3.6: put one first on the path to match it).
+
+    python benchmarks/sass_facts.py --tp 4 --tokens 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+H200_SMS = 132
+TARGET = ("cuda", 90, 32)  # SM90, warp size 32
+_PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
+        torch.int32: "*i32", torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8",
+        torch.float8_e4m3fn: "*fp8e4nv"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def caught_launches(calls: list):
+    """Every ``JITFunction.run`` appends ``(fn, args, kwargs)`` to ``calls`` and returns."""
+    from triton.runtime.jit import JITFunction
+
+    run = JITFunction.run
+
+    def catch(self, *args, grid, warmup, **kwargs):
+        calls.append((self, args, kwargs))
+
+    JITFunction.run = catch
+    try:
+        yield
+    finally:
+        JITFunction.run = run
+
+
+@contextlib.contextmanager
+def seen_as_h200():
+    """The launchers' SM count 132 and the step's device choices those of a CUDA device."""
+    import dsv41.nvidia.ops.mega_attention as attention
+    import dsv41.nvidia.ops.mx_gemm as gemm
+    from dsv41.nvidia import step
+
+    saved = (gemm.sm_count, attention.sm_count, step.sm_count, step.mega_attention)
+    cuda = torch.device("cuda")
+
+    def attend(*args, records_ready, **kwargs):  # on a GPU the norm kernel's side stream
+        m = args[0].shape[0]  # joins attention by an event where wq_b normalises qr itself
+        kwargs["records_ready"] = step.norm_in_wq_b(LAYER[0], m, cuda)
+        return saved[3](*args, **kwargs)
+
+    gemm.sm_count = attention.sm_count = step.sm_count = lambda device: H200_SMS
+    step.mega_attention = attend
+    try:
+        yield
+    finally:
+        gemm.sm_count, attention.sm_count, step.sm_count, step.mega_attention = saved
+
+
+LAYER: list = []  # the layer of the step being caught, for ``seen_as_h200``'s choices
+
+
+def signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
+    """``(signature, constexprs, attrs, options)`` of a caught launch, as ``ASTSource`` and
+    ``triton.compile`` take them."""
+    names = fn.arg_names
+    bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
+    options = {k: v for k, v in kwargs.items() if k not in names}
+    options.pop("launch_pdl", None)  # a launch attribute, not a compile option
+    consts = {p.name: bound.get(p.name, p.default) for p in fn.params if p.is_constexpr}
+    sig, attrs = {}, {}
+    skip = {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
+    for i, name in enumerate(names):
+        value = bound.get(name, fn.params[i].default)
+        if name in consts:
+            sig[name] = "constexpr"
+        elif isinstance(value, torch.Tensor):
+            sig[name] = _PTR[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif value is None:
+            sig[name], consts[name] = "constexpr", None
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32" if -(2**31) <= int(value) < 2**31 else "i64"
+            if name not in skip and int(value) % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, {(names.index(k),): v for k, v in consts.items()}, attrs, options
+
+
+def facts(fn, args: tuple, kwargs: dict) -> dict:
+    """One caught launch compiled for SM90: its resource use and SASS counts."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, consts, attrs, options = signature(fn, args, kwargs)
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                            target=GPUTarget(*TARGET), options=options)  # fmt: skip
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+        usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+    lines = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", sass, flags=re.MULTILINE)
+    wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), None)
+    after = lines[wait:] if wait is not None else []
+    ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", line).split(" ")[0].split(".")[0]
+                  for line in after)  # fmt: skip
+    use = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    return {
+        "kernel": fn.__name__,
+        "warps": options.get("num_warps", 4),
+        "registers": int(use.get("REG", 0)),
+        "spilled_bytes": int(use.get("STACK", 0)) + int(use.get("LOCAL", 0)),
+        "shared_bytes": kernel.metadata.shared,
+        "sass": len(lines),
+        "after_wait": len(after) if wait is not None else None,
+        "top_after_wait": ops.most_common(6),
+    }
+
+
+def step_launches(tp: int, tokens: int, fmt: str) -> list:
+    """The caught launches of one nvidia step: ``(fn, args, kwargs)`` in launch order."""
+    from dsv41.common.geometry import Dims
+    from dsv41.common.scenario import make_scenario
+    from dsv41.common.weights import LayerWeights
+    from dsv41.nvidia.step import nvidia_step
+
+    dims = Dims.of("dsv41-flash", tp)
+    layer = LayerWeights(dims, rank=0, layer_id=1)
+    layer.dummy_load(seed=0)
+    LAYER[:] = [layer]
+    sc = make_scenario(dims, 1, tokens, fmt=fmt)
+    calls: list = []
+    with seen_as_h200(), caught_launches(calls):
+        nvidia_step(layer, *sc.step_args())
+    return calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tp", type=int, default=4, choices=(2, 4))
+    p.add_argument("--tokens", type=int, default=1)
+    p.add_argument("--fmt", default="fp8_ds_mla", choices=("fp8_ds_mla", "fp8_mx"),
+                   help="record format (SM90 stores fp8_ds_mla)")
+    p.add_argument("--json", help="write the rows to this file too")
+    a = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("sass_facts: unset TRITON_INTERPRET (the launchers must pick the GPU's "
+                 "constexprs)")  # fmt: skip
+    import triton
+
+    rows = [facts(*call) for call in step_launches(a.tp, a.tokens, a.fmt)]
+    print(f"tp {a.tp}, M = {a.tokens}, {a.fmt}, SM90, Triton {triton.__version__}: each launch "
+          f"of one step")
+    print(f"{'kernel':32} {'warps':>5} {'regs':>4} {'spill':>5} {'shared':>6} {'sass':>5} "
+          f"{'after wait':>10}  most after the wait")  # fmt: skip
+    for r in rows:
+        top = ", ".join(f"{op} {n}" for op, n in r["top_after_wait"])
+        print(f"{r['kernel']:32} {r['warps']:5} {r['registers']:4} {r['spilled_bytes']:5} "
+              f"{r['shared_bytes']:6} {r['sass']:5} {r['after_wait']!s:>10}  {top}")  # fmt: skip
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""benchmarks/sass_facts.py: one step's launches caught on CPU and compiled for SM90."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+STEP_KERNELS = ["mx_gemm_kernel", "norm_rope_insert_kernel", "mx_gemm_kernel",
+                "mega_attention_kernel", "mega_attention_combine_kernel", "mx_gemm_kernel",
+                "mx_gemm_kernel"]  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
+def test_one_token_step_compiles_for_sm90(tmp_path):
+    """tp 4, M = 1: the step's seven launches in order (Wqkv, the side stream's norm, wq_b,
+    attention, combine, wo_a, wo_b), each with its PDL wait (one token: PDL on) and instructions
+    after it, no spills; and the tool refuses the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "facts.json"
+    run = subprocess.run([sys.executable, "benchmarks/sass_facts.py", "--tp", "4", "--tokens",
+                          "1", "--json", str(out)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["kernel"] for r in rows] == STEP_KERNELS
+    for r in rows:
+        assert r["after_wait"] and 0 < r["after_wait"] < r["sass"], r
+        assert 0 < r["registers"] <= 255 and r["spilled_bytes"] == 0, r
+    assert "mega_attention_kernel" in run.stdout
+    env["TRITON_INTERPRET"] = "1"
+    refused = subprocess.run([sys.executable, "benchmarks/sass_facts.py"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
