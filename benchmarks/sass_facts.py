@@ -53,8 +53,9 @@ def caught_launches(calls: list):
 
 
 @contextlib.contextmanager
-def seen_as_h200():
-    """The launchers' SM count 132 and the step's device choices those of a CUDA device."""
+def seen_as_h200(layer):
+    """The launchers' SM count 132, and attention told what a GPU step of ``layer`` tells it
+    (the step's one device-dependent choice past the SM count)."""
     import dsv41.nvidia.ops.mega_attention as attention
     import dsv41.nvidia.ops.mx_gemm as gemm
     from dsv41.nvidia import step
@@ -64,7 +65,7 @@ def seen_as_h200():
 
     def attend(*args, records_ready, **kwargs):  # on a GPU the norm kernel's side stream
         m = args[0].shape[0]  # joins attention by an event where wq_b normalises qr itself
-        kwargs["records_ready"] = step.norm_in_wq_b(LAYER[0], m, cuda)
+        kwargs["records_ready"] = step.norm_in_wq_b(layer, m, cuda)
         return saved[3](*args, **kwargs)
 
     gemm.sm_count = attention.sm_count = step.sm_count = lambda device: H200_SMS
@@ -73,9 +74,6 @@ def seen_as_h200():
         yield
     finally:
         gemm.sm_count, attention.sm_count, step.sm_count, step.mega_attention = saved
-
-
-LAYER: list = []  # the layer of the step being caught, for ``seen_as_h200``'s choices
 
 
 def signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
@@ -151,10 +149,9 @@ def step_launches(tp: int, tokens: int, fmt: str) -> list:
     dims = Dims.of("dsv41-flash", tp)
     layer = LayerWeights(dims, rank=0, layer_id=1)
     layer.dummy_load(seed=0)
-    LAYER[:] = [layer]
     sc = make_scenario(dims, 1, tokens, fmt=fmt)
     calls: list = []
-    with seen_as_h200(), caught_launches(calls):
+    with seen_as_h200(layer), caught_launches(calls):
         nvidia_step(layer, *sc.step_args())
     return calls
 
