@@ -50,6 +50,11 @@ vs_old() {
   v "" "$@"
   (cd _old && export PYTHONPATH=$PWD && b "$@" | sed "s/^/$tree: /")
 }
+# one_two_vs_old TREE: nvidia at one and two tokens against TREE, twice at tp 4, once at tp 2.
+one_two_vs_old() {
+  for r in 1 2; do vs_old "$1" --backend nvidia --tp 4 --tokens 1,2; done
+  vs_old "$1" --backend nvidia --tp 2 --tokens 1,2
+}
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu --timeout 500 ${PYTEST_ARGS:-} 2>&1 \
@@ -153,8 +158,7 @@ if [ "$what" = s14b ]; then
   timeout 280 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 270 2>&1 \
     | tail -3
-  for r in 1 2; do vs_old 5ef6263 --backend nvidia --tp 4 --tokens 1,2; done
-  vs_old 5ef6263 --backend nvidia --tp 2 --tokens 1,2
+  one_two_vs_old 5ef6263
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -9
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --timeline 2>&1 | tail -9
 fi
@@ -174,8 +178,7 @@ if [ "$what" = s15 ]; then
   timeout 280 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py tests/gpu/test_mega_attention_gpu.py --timeout 270 2>&1 \
     | tail -3
-  for r in 1 2; do vs_old 6620dcd --backend nvidia --tp 4 --tokens 1,2; done
-  vs_old 6620dcd --backend nvidia --tp 2 --tokens 1,2
+  one_two_vs_old 6620dcd
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
 fi
 if [ "$what" = s15b ]; then
@@ -234,8 +237,7 @@ if [ "$what" = s16d ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py -k "step_matches or graph or matches_reference" \
     --timeout 190 2>&1 | tail -3
-  for r in 1 2; do vs_old 0aa86cd --backend nvidia --tp 4 --tokens 1,2; done
-  vs_old 0aa86cd --backend nvidia --tp 2 --tokens 1,2
+  one_two_vs_old 0aa86cd
 fi
 if [ "$what" = s16e ]; then
   # Session 16, call 5 (about 4 minutes): one token's weight scales converted before the PDL
@@ -245,8 +247,7 @@ if [ "$what" = s16e ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mx_gpu.py \
     tests/gpu/test_nvidia_step_gpu.py -k "not o_proj and not trace and not graph" \
     --timeout 110 2>&1 | tail -3
-  for r in 1 2; do vs_old 542c57d --backend nvidia --tp 4 --tokens 1,2; done
-  vs_old 542c57d --backend nvidia --tp 2 --tokens 1,2
+  one_two_vs_old 542c57d
 fi
 if [ "$what" = trace ]; then
   # mono: where the step's time goes (task trace per stage), the trace's own test, GEMV K 1024.
