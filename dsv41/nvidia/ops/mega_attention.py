@@ -305,7 +305,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False, Q_ROPED: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -313,7 +313,8 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row. ``Q_ROPED``: q is
+    already RoPE'd and rounded to bf16 (wq_b's ``RopeOut``), so it goes to the dot as read."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -354,12 +355,15 @@ def mega_attention_kernel(
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
     q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
-    q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
-    q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
-    if DOT_BF16:  # the GPU's cast rounds to nearest even
-        q = q.to(tl.bfloat16)
-    else:  # the interpreter's cast truncates
-        q = bf16_round_tl(q)
+    q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0)
+    if not Q_ROPED:
+        q = _rope_tl(q.to(tl.float32), cos_a, sin_a, HT, _HEAD_DIM, False)
+        if DOT_BF16:  # the GPU's cast rounds to nearest even
+            q = q.to(tl.bfloat16)
+        else:  # the interpreter's cast truncates
+            q = bf16_round_tl(q)
+    elif not DOT_BF16:  # the interpreter's dot takes fp32
+        q = q.to(tl.float32)
     if TRACE:
         _stamp_tl(stamps, 3, q.to(tl.float32))
 
@@ -428,20 +432,21 @@ def mega_attention_combine_kernel(
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
+    # Split t's (max, sum) and o partial sit a constant t * 2 HT and t * HT * 512 floats past
+    # split 0's: one address each, the splits' offsets left to the loads' immediates.
     first = pid.to(tl.int64) * SPLITS
+    stats = part_stat_ptr + first * (2 * HT) + hh
+    parts = part_o_ptr + (first * HT + hh[:, None]) * _HEAD_DIM + (d0 + tl.arange(0, W))[None, :]
     m_i = tl.full((CH,), -float("inf"), tl.float32)
     for t in tl.static_range(SPLITS):
-        m_i = tl.maximum(m_i, tl.load(part_stat_ptr + (first + t) * (2 * HT) + hh))
+        m_i = tl.maximum(m_i, tl.load(stats + t * (2 * HT)))
     m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
     l_i = tl.zeros((CH,), tl.float32)
     acc = tl.zeros((CH, W), tl.float32)
-    cols = d0 + tl.arange(0, W)
     for t in tl.static_range(SPLITS):
-        stat = part_stat_ptr + (first + t) * (2 * HT) + hh
-        w = tl.exp2(tl.load(stat) - m_ref)
-        l_i += w * tl.load(stat + HT)
-        part = tl.load(part_o_ptr + ((first + t) * HT + hh[:, None]) * _HEAD_DIM + cols[None, :])
-        acc += w[:, None] * part
+        w = tl.exp2(tl.load(stats + t * (2 * HT)) - m_ref)
+        l_i += w * tl.load(stats + (t * (2 * HT) + HT))
+        acc += w[:, None] * tl.load(parts + t * (HT * _HEAD_DIM))
     _epilogue_tl(
         acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr, H, G, CH,
         W, HW,
@@ -537,6 +542,7 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
+    q_roped: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -557,6 +563,8 @@ def mega_attention(
       caches (the caller ordered the record insert before it with a full stream dependency);
       by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
       PDL wait (``early_keys``).
+    - ``q_roped``: ``q_fused`` is already RoPE'd at each token's position and rounded to bf16
+      (``mx_gemm``'s ``RopeOut``: wq_b's epilogue turned it), so it is read as is.
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -644,7 +652,7 @@ def mega_attention(
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
-        trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
+        trace_ptr=lse if trace is None else trace, TRACE=trace is not None, Q_ROPED=q_roped,
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
