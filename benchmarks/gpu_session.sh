@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -15,7 +15,7 @@
 # prepared, not run); s12 .. s12g: session 12's calls; s13 .. s13e: session 13's;
 # s14 .. s14c: session 14's;
 # s15, s15b: session 15's; s16 .. s16e: session 16's (s16, s16b: the tensor-core GEMV, removed
-# after them; DSV41_GEMV_TC no longer exists).
+# after them; DSV41_GEMV_TC no longer exists); s17: session 17's.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -821,4 +821,16 @@ if [ "$what" = s12g ]; then
   ab DSV41_ATTN_QK_SPLIT "8 2" --backend nvidia --tp 4 --tokens 1
   DSV41_GEMV_QUANT_TILE=16384 timeout 100 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_nvidia_step_gpu.py --timeout 90 2>&1 | tail -3
+fi
+if [ "$what" = s17 ]; then
+  # Session 17, call 1 (about 7 minutes): wq_b's epilogue RoPEs q for attention (RopeOut; SM90
+  # SASS after the wait, Triton 3.6, tp 4, M = 1: attention 919 -> 693 lines, wq_b 600 -> 621)
+  # and the combine's split offsets as load immediates (1118 -> 735 lines): nvidia's step and
+  # attention GPU tests; A/B against 6d2d530 (a copy in _old/, not committed) at one and two
+  # tokens; q turned by attention (DSV41_Q_ROPE_IN_WQB=0) against wq_b at 1, 16 and 48 tokens.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py -k "step_matches or graph or matches_reference" \
+    --timeout 190 2>&1 | tail -3
+  one_two_vs_old 6d2d530
+  ab DSV41_Q_ROPE_IN_WQB "1 0" --backend nvidia --tp 4 --tokens 1,16,48
 fi
