@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -833,4 +833,21 @@ if [ "$what" = s17 ]; then
     --timeout 190 2>&1 | tail -3
   one_two_vs_old 6d2d530
   ab DSV41_Q_ROPE_IN_WQB "1 0" --backend nvidia --tp 4 --tokens 1,16,48
+fi
+if [ "$what" = s17b ]; then
+  # Session 17, call 2 (about 6 minutes): one token's whole-row GEMV tiles of 64 KB
+  # (DSV41_GEMV_TAIL=65536; 8 warps, or 16 with DSV41_GEMV_WIDE_WARPS=16): fewer programs a SM,
+  # room beside them for the next kernel's; q turned by attention (DSV41_Q_ROPE_IN_WQB=0); the
+  # attention trace with and without 64 KB tiles; nvidia's step test with 64 KB tiles.
+  T="DSV41_GEMV_TAIL=65536" Q="DSV41_Q_ROPE_IN_WQB=0" W="DSV41_GEMV_WIDE_WARPS=16"
+  for r in 1 2; do
+    for sets in "" "$T" "$T $W" "$Q" "$T $Q"; do v "$sets" --backend nvidia --tp 4 --tokens 1; done
+  done
+  for sets in "" "$T" "$T $W" "$Q"; do v "$sets" --backend nvidia --tp 2 --tokens 1; done
+  for sets in "" "$T"; do
+    (if [ -n "$sets" ]; then export $sets; fi; timeout 100 python3 benchmarks/profile_step.py \
+      --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10 | sed "s/^/${sets:-default}: /")
+  done
+  DSV41_GEMV_TAIL=65536 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py -k "step_matches" --timeout 140 2>&1 | tail -3
 fi

@@ -286,11 +286,21 @@ def test_one_token_takes_whole_rows_with_a_tail(monkeypatch):
     assert gemm_config(2, n, k, n_per_group=n, quant_out=False, sms=132).block_n == 8
     n, k, npg, _ = shapes["wo_a"]
     assert gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=132).split_k > 1  # casts z
-    for bad in ("1", "65536", "x"):
+    for bad in ("1", "131072", "x"):
         monkeypatch.setenv("DSV41_GEMV_TAIL", bad)
         with pytest.raises(ValueError, match=f"DSV41_GEMV_TAIL: expected 0 or a power of two "
-                                             f"4096 .. 32768, got '{bad}'"):  # fmt: skip
+                                             f"4096 .. 65536, got '{bad}'"):  # fmt: skip
             gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)
+    # 64 KB whole-row tiles (Wqkv: 8 rows of 4096 + 1024) run 8 warps, or DSV41_GEMV_WIDE_WARPS
+    monkeypatch.setenv("DSV41_GEMV_TAIL", "65536")
+    n, k, _, _ = shapes["wqkv"]
+    cfg = gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132)
+    assert (cfg.block_n, cfg.block_k, cfg.k_tail, cfg.num_warps) == (8, 4096, 1024, 8)
+    monkeypatch.setenv("DSV41_GEMV_WIDE_WARPS", "16")
+    assert gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132).num_warps == 16
+    monkeypatch.setenv("DSV41_GEMV_WIDE_WARPS", "4")
+    with pytest.raises(ValueError, match="DSV41_GEMV_WIDE_WARPS: expected 8 or 16, got '4'"):
+        gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132)
 
 
 @pytest.mark.parametrize("steps, tile", [(1, GEMV_SPLIT_TILE_BYTES), (5, 2 * GEMV_SPLIT_TILE_BYTES)])
@@ -345,7 +355,7 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
     cfg = gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=132)
     assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (32, 512, 8, 8), cfg
     monkeypatch.delenv("DSV41_GEMV_QUANT_TILE")
-    for bad in ("2048", "12288", "65536", "x"):
+    for bad in ("2048", "12288", "131072", "x"):
         monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", bad)
         with pytest.raises(ValueError, match=f"DSV41_GEMV_SPLIT_TILE: expected a power of two .*'{bad}'"):
             gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)

@@ -110,6 +110,7 @@ GEMV_TAIL_BYTES = 32768
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
+GEMV_WIDEST_TILE = 32768  # weight bytes a program above which DSV41_GEMV_WIDE_WARPS (8 or 16) apply
 
 
 def interpreting() -> bool:
@@ -593,11 +594,11 @@ def gemv_max_steps() -> int:
 
 
 def _tile_bytes(name: str, default: int, off: bool = False) -> int:
-    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 32768; with ``off`` also 0)
+    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 65536; with ``off`` also 0)
     when set, else ``default``."""
     return env_int(name, default,
-                   lambda v: (off and v == 0) or (4096 <= v <= 32768 and v & (v - 1) == 0),
-                   ("0 or " if off else "") + "a power of two 4096 .. 32768")  # fmt: skip
+                   lambda v: (off and v == 0) or (4096 <= v <= 65536 and v & (v - 1) == 0),
+                   ("0 or " if off else "") + "a power of two 4096 .. 65536")  # fmt: skip
 
 
 def gemv_tile() -> int:
@@ -626,7 +627,7 @@ def _pow2_dividing(k: int, cap: int) -> int:
 def gemv_tail_tile() -> int:
     """Weight bytes of a one-token whole-row tile whose K takes a tail or exceeds
     ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
-    or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
+    or a power of two 4096 .. 65536) when set, else ``GEMV_TAIL_BYTES``."""
     return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
 
 
@@ -665,6 +666,8 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     while n_per_group % block_n:
         block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
+    if block_n * (block_k * k_steps + k_tail) > GEMV_WIDEST_TILE:
+        warps = env_int("DSV41_GEMV_WIDE_WARPS", 8, lambda v: v in (8, 16), "8 or 16")
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps, k_tail=k_tail)  # fmt: skip
 
