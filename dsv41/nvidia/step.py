@@ -2,15 +2,13 @@
 
 1. ``mx_gemm`` (A_CAST): ``qkv = mxfp8(x) @ Wqkv^T``, the cast of x in the prologue;
 2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;
-3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are);
-   its epilogue also stores q RoPE'd and rounded to bf16, as attention takes it (``RopeOut``;
-   ``DSV41_Q_ROPE_IN_WQB=0``: attention turns q itself).
+3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are).
    In the CUDA-core token buckets (M <= 2) wq_b normalises qr in its own prologue (A_NORM)
    and launch 2 (its kv half only) runs beside it on a side stream, joined before attention,
    so the norm kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain
    above). There it also asks the L2 for the records attention reads next
    (``DSV41_NORM_PREFETCH=1``; off by default: slower on the H200);
-4. ``mega_attention``: (q RoPE,) attention over the key table, sink, inverse RoPE, MXFP8 ->
+4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
    ``xo`` in the fused O layout;
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
 6. ``mx_gemm`` (A_MX): ``y = z8 @ Wo_b^T``, this rank's bf16 partial. At one token z is cast
@@ -38,7 +36,6 @@ from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import (
     NormInput,
-    RopeOut,
     Scratch,
     bucket_for,
     gemm_config,
@@ -72,7 +69,6 @@ class StepBuffers:
     qr8: tuple[torch.Tensor, torch.Tensor]  # e4m3 [rows, q_rank], uint8 [rows, q_rank/32]
     # (written only where wq_b reads it: not where wq_b normalises qr itself)
     q: torch.Tensor  # bf16 [rows, heads*512], fused Q layout, before RoPE
-    q_rope: torch.Tensor  # bf16 [rows, heads*512], fused Q layout, RoPE'd: attention's q
     z: torch.Tensor  # bf16 [rows, groups*o_rank]
     z8: tuple[
         torch.Tensor, torch.Tensor
@@ -91,7 +87,6 @@ class StepBuffers:
             kv=t(m.kv_dim),
             qr8=(t(m.q_rank, E4M3), t(m.q_rank // MX_BLOCK, torch.uint8)),
             q=t(d.q_rows),
-            q_rope=t(d.q_rows),
             z=t(d.o_rows),
             z8=(t(d.o_rows, E4M3), t(d.o_rows // MX_BLOCK, torch.uint8)),
             y=t(m.hidden),
@@ -107,7 +102,6 @@ class StepBuffers:
 
 
 Z_CAST_IN_WOB = True  # DSV41_Z_CAST_IN_WOB overrides it
-Q_ROPE_IN_WQB = True  # DSV41_Q_ROPE_IN_WQB overrides it
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -118,14 +112,6 @@ def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
         return False
     n, k, _, _ = gemm_shapes(layer.dims)["wq_b"]
     return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
-
-
-def q_rope_in_wq_b() -> bool:
-    """Whether wq_b's epilogue RoPEs q for attention (``RopeOut``): ``DSV41_Q_ROPE_IN_WQB`` (1 or
-    0) when set, else ``Q_ROPE_IN_WQB``. Attention then reads q straight into its score dot
-    instead of turning it after its PDL wait (SM90 SASS after that wait at tp 4, M = 1: 919 ->
-    693 instructions, two fewer shared-memory round trips)."""
-    return bool(env_flag("DSV41_Q_ROPE_IN_WQB", Q_ROPE_IN_WQB))
 
 
 def z_cast_in_wo_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
@@ -158,9 +144,6 @@ def launch_step(
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
     mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
-    rope_q = None  # wq_b's q RoPE'd for attention, where wq_b turns it
-    if q_rope_in_wq_b():
-        rope_q = RopeOut(out.q_rope, positions, cos, sin, model.head_dim, model.nope_dim)
 
     def norm(qr8, prefetch=None) -> None:
         norm_rope_insert(
@@ -183,20 +166,18 @@ def launch_step(
         else:
             norm(None)
         qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
-        mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                rope_out=rope_q)  # fmt: skip
+        mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
     else:
         norm(out.qr8)
-        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                rope_out=rope_q)  # fmt: skip
+        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
     # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
     splits, _ = attention_splits(
         bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
     )
     xo, xo_codes, lse = mega_attention(
-        out.q if rope_q is None else rope_q.q,
+        out.q,
         positions,
         key_table,
         window_cache,
@@ -208,7 +189,6 @@ def launch_step(
         heads_per_group=model.heads_per_group,
         splits=splits,
         records_ready=side is not None,  # the insert joined by an event, not a PDL edge
-        q_roped=rope_q is not None,
     )
     if z_cast_in_wo_b(layer, x.shape[0], x.device):
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,

@@ -13,12 +13,12 @@ import pytest
 import torch
 from sm90 import ptx_facts  # tests/nvidia/sm90.py
 
-from dsv41.common.fused_layout import permute_o_to_fused, permute_q_from_fused, permute_q_to_fused
+from dsv41.common.fused_layout import permute_o_to_fused
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import COMPRESSED_FLAG, NONE, PagedKVCache, gather_keys
 from dsv41.common.mx import e8m0_scale, mxfp8_dequantize, mxfp8_quantize
 from dsv41.common.reference import attention_core, mx_linear, reference_step
-from dsv41.common.rope import apply_inverse_rope, apply_rope, rope_tables
+from dsv41.common.rope import apply_inverse_rope, rope_tables
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import (
@@ -171,30 +171,6 @@ def test_early_keys_give_the_same_bits(fmt, monkeypatch):
         run(blocks, True)
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_q_roped_by_wq_b_gives_the_same_bits(splits):
-    """``q_roped``: q already RoPE'd and rounded to bf16 (what wq_b's ``RopeOut`` stores, here
-    the reference's ``apply_rope`` of the same q) gives the bits attention gives when it turns
-    q itself, with one split and with several."""
-    layer, sc, _, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_ds_mla")
-    m = layer.dims.model
-    cos, sin = rope_tables(m, layer.layer_id)
-    heads = layer.dims.heads
-    roped = permute_q_to_fused(apply_rope(permute_q_from_fused(q_fused, heads, m.head_dim),
-                                          sc.positions, cos, sin, m.nope_dim))  # fmt: skip
-    assert not torch.equal(roped, q_fused)
-
-    def run(q, q_roped):
-        return mega_attention(
-            q, sc.positions, sc.key_table, sc.window_cache, sc.compressed_cache,
-            layer.attn_sink, cos, sin, softmax_scale=m.softmax_scale,
-            heads_per_group=m.heads_per_group, splits=splits, q_roped=q_roped,
-        )  # fmt: skip
-
-    for got, want in zip(run(roped, True), run(q_fused, False)):
-        assert torch.equal(got, want)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_empty_row_and_out_of_range_entries(fmt):
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, fmt)
@@ -334,8 +310,7 @@ from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
 fmt, prefetch = int(sys.argv[1]), sys.argv[2] == "1"
 consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
               KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
-              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False,
-              Q_ROPED=False)
+              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
 kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
          "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
          "part_stat_ptr": "*fp32", "qk_scale": "fp32"}

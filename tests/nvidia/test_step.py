@@ -24,7 +24,6 @@ from dsv41.nvidia.step import (
     NvidiaStepRunner,
     norm_in_wq_b,
     nvidia_step,
-    q_rope_in_wq_b,
     z_cast_in_wo_b,
 )
 from dsv41.nvidia.warmup import REGISTRY, warmup
@@ -162,32 +161,6 @@ def test_bad_inputs_name_the_argument(layer):
     ]:
         with pytest.raises(ValueError, match=name):
             nvidia_step(layer, *args[:i], bad, *args[i + 1 :])
-
-
-@pytest.mark.parametrize("m", [1, 5])
-def test_q_roped_in_wq_b_or_in_attention_gives_the_same_bits(layer, monkeypatch, m):
-    """wq_b RoPE-ing q for attention (the default) and attention turning q itself
-    (``DSV41_Q_ROPE_IN_WQB=0``) give the same seams bit for bit; other values are refused."""
-    sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_ds_mla", seed=30 + m)
-
-    def step():
-        b = sc.clone_caches()
-        return nvidia_step(layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache,
-                           b.compressed_cache)  # fmt: skip
-
-    monkeypatch.delenv("DSV41_Q_ROPE_IN_WQB", raising=False)
-    assert q_rope_in_wq_b()
-    on = step()
-    monkeypatch.setenv("DSV41_Q_ROPE_IN_WQB", "0")
-    assert not q_rope_in_wq_b()
-    off = step()
-    for name in STEP_SEAMS:
-        a, b = on[name], off[name]
-        for x, y in zip(*((a, b) if isinstance(a, tuple) else ((a,), (b,)))):
-            assert torch.equal(x, y), name
-    monkeypatch.setenv("DSV41_Q_ROPE_IN_WQB", "on")
-    with pytest.raises(ValueError, match="DSV41_Q_ROPE_IN_WQB: expected 0 or 1, got 'on'"):
-        q_rope_in_wq_b()
 
 
 def test_norm_in_wq_b_follows_the_cuda_core_loop_and_its_switch(layer, monkeypatch):

@@ -305,7 +305,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, Q_ROPED: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -313,8 +313,7 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row. ``Q_ROPED``: q is
-    already RoPE'd and rounded to bf16 (wq_b's ``RopeOut``), so it goes to the dot as read."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -355,15 +354,12 @@ def mega_attention_kernel(
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
     q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
-    q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0)
-    if not Q_ROPED:
-        q = _rope_tl(q.to(tl.float32), cos_a, sin_a, HT, _HEAD_DIM, False)
-        if DOT_BF16:  # the GPU's cast rounds to nearest even
-            q = q.to(tl.bfloat16)
-        else:  # the interpreter's cast truncates
-            q = bf16_round_tl(q)
-    elif not DOT_BF16:  # the interpreter's dot takes fp32
-        q = q.to(tl.float32)
+    q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
+    q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
+    if DOT_BF16:  # the GPU's cast rounds to nearest even
+        q = q.to(tl.bfloat16)
+    else:  # the interpreter's cast truncates
+        q = bf16_round_tl(q)
     if TRACE:
         _stamp_tl(stamps, 3, q.to(tl.float32))
 
@@ -542,7 +538,6 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
-    q_roped: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -563,8 +558,6 @@ def mega_attention(
       caches (the caller ordered the record insert before it with a full stream dependency);
       by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
       PDL wait (``early_keys``).
-    - ``q_roped``: ``q_fused`` is already RoPE'd at each token's position and rounded to bf16
-      (``mx_gemm``'s ``RopeOut``: wq_b's epilogue turned it), so it is read as is.
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -652,7 +645,7 @@ def mega_attention(
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
-        trace_ptr=lse if trace is None else trace, TRACE=trace is not None, Q_ROPED=q_roped,
+        trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:

@@ -47,7 +47,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41.common.fused_layout import Q_CHUNK
 from dsv41.common.mx import (
     E4M3,
     MX_BLOCK,
@@ -70,7 +69,6 @@ A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
 A_O = tl.constexpr(2)  # a is a standard-layout bf16 o: inverse RoPE + fused O columns + cast
 A_NORM = tl.constexpr(3)  # a is bf16 qr: RMSNorm * weight, bf16, cast (the CUDA-core loop)
 _MX = tl.constexpr(MX_BLOCK)  # 32
-_Q_CHUNK = tl.constexpr(Q_CHUNK)  # 16 dims of a head a fused Q chunk
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
 DEFAULT_SMS = 8  # the "SM count" the interpreter plans for, so tiny tests still split K
@@ -110,7 +108,6 @@ GEMV_TAIL_BYTES = 32768
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
-GEMV_WIDEST_TILE = 32768  # weight bytes a program above which DSV41_GEMV_WIDE_WARPS (8 or 16) apply
 
 
 def interpreting() -> bool:
@@ -291,26 +288,7 @@ def o_fused_tile_tl(o_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, s
     return bf16_round_tl(tl.reshape(tl.join(r0, r1), (BLOCK_M, BLOCK_K)))
 
 
-@triton.jit
-def _q_rope_angles_tl(pos_ptr, cos_ptr, sin_ptr, rows, row_ok, n0, max_pos, N: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, NOPE: tl.constexpr, HALF_ROPE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """ROPE_OUT: the angle ``(cos, sin)`` of each row pair ``(n, n + 1)`` (n even) of the tile's
-    output rows ``n0 ..`` in the fused Q layout (row ``c * H * 16 + h * 16 + j`` is dim ``c * 16 +
-    j`` of head h), at each token row's position, and which pairs turn: ``[BLOCK_M, BLOCK_N / 2]``
-    each. Nope dims and a position outside the tables stay put (as attention leaves them).
-    Read before the PDL wait: no step kernel writes positions or tables."""
-    nn = n0 + 2 * tl.arange(0, BLOCK_N // 2)
-    d = nn // (N // (HEAD_DIM // _Q_CHUNK)) * _Q_CHUNK + nn % _Q_CHUNK  # dim of the pair's first
-    pos = tl.load(pos_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
-    turn = ((pos >= 0) & (pos < max_pos))[:, None] & (d >= NOPE)[None, :]
-    at = pos[:, None] * HALF_ROPE + ((d - NOPE) // 2)[None, :]
-    c = tl.load(cos_ptr + at, mask=turn, other=1.0)
-    s = tl.load(sin_ptr + at, mask=turn, other=0.0)
-    return c, s, turn
-
-
-@triton.jit(do_not_specialize=["M", "max_pos"])
+@triton.jit(do_not_specialize=["M"])
 def mx_gemm_kernel(
     a_ptr,
     a_codes_ptr,
@@ -326,16 +304,13 @@ def mx_gemm_kernel(
     sin_ptr,
     norm_ptr,
     trace_ptr,
-    rope_ptr,
     eps,
     M,
-    max_pos,
     stride_am,
     stride_acm,
     stride_om,
     stride_o8m,
     stride_o8cm,
-    stride_rm,
     N: tl.constexpr,
     K: tl.constexpr,
     N_PER_GROUP: tl.constexpr,
@@ -358,13 +333,10 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
-    ROPE_OUT: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
-    hardware's conversions. ``ROPE_OUT`` (wq_b): ``rope_ptr`` also receives the bf16 out in the
-    fused Q layout RoPE'd at each token's position and rounded to bf16 again: q as attention
-    takes it (``RopeOut``)."""
+    hardware's conversions."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -378,10 +350,6 @@ def mx_gemm_kernel(
     n64 = n.to(tl.int64)
     if TRACE:
         t_start = globaltimer_tl(pid_n)
-    if ROPE_OUT:
-        rope_c, rope_s, rope_turn = _q_rope_angles_tl(pos_ptr, cos_ptr, sin_ptr, rows, row_ok, n0,
-                                                      max_pos, N, HEAD_DIM, NOPE, HALF_ROPE,
-                                                      BLOCK_M, BLOCK_N)  # fmt: skip
     if GEMV:  # the first weight tile is loaded before the PDL wait: no step writes weights
         tl.static_assert(BLOCK_K * K_STEPS + K_TAIL == K_SPLIT,
                          "the CUDA-core loop takes K_STEPS whole K steps and a tail a program")
@@ -518,13 +486,6 @@ def mx_gemm_kernel(
     if last:
         out = bf16_rn_tl(acc, HW_E4M3)
         tl.store(out_ptr + rows[:, None] * stride_om + n[None, :], out.to(tl.bfloat16), mask=out_ok)
-        if ROPE_OUT:  # each row pair (n, n + 1) is one GPT-J pair of a head's dims
-            v0, v1 = tl.split(tl.reshape(out, (BLOCK_M, BLOCK_N // 2, 2)))
-            r0, r1 = rope_pair_tl(v0, v1, rope_c, rope_s, False)
-            r0, r1 = tl.where(rope_turn, r0, v0), tl.where(rope_turn, r1, v1)
-            roped = bf16_rn_tl(tl.reshape(tl.join(r0, r1), (BLOCK_M, BLOCK_N)), HW_E4M3)
-            tl.store(rope_ptr + rows[:, None] * stride_rm + n[None, :], roped.to(tl.bfloat16),
-                     mask=out_ok)  # fmt: skip
         if QUANT_OUT:
             v, c = mx_quantize_tl(out, BLOCK_M, BLOCK_N)
             tl.store(out8_ptr + rows[:, None] * stride_o8m + n[None, :], v, mask=out_ok)
@@ -594,11 +555,11 @@ def gemv_max_steps() -> int:
 
 
 def _tile_bytes(name: str, default: int, off: bool = False) -> int:
-    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 65536; with ``off`` also 0)
+    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 32768; with ``off`` also 0)
     when set, else ``default``."""
     return env_int(name, default,
-                   lambda v: (off and v == 0) or (4096 <= v <= 65536 and v & (v - 1) == 0),
-                   ("0 or " if off else "") + "a power of two 4096 .. 65536")  # fmt: skip
+                   lambda v: (off and v == 0) or (4096 <= v <= 32768 and v & (v - 1) == 0),
+                   ("0 or " if off else "") + "a power of two 4096 .. 32768")  # fmt: skip
 
 
 def gemv_tile() -> int:
@@ -627,7 +588,7 @@ def _pow2_dividing(k: int, cap: int) -> int:
 def gemv_tail_tile() -> int:
     """Weight bytes of a one-token whole-row tile whose K takes a tail or exceeds
     ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
-    or a power of two 4096 .. 65536) when set, else ``GEMV_TAIL_BYTES``."""
+    or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
     return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
 
 
@@ -666,8 +627,6 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     while n_per_group % block_n:
         block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
-    if block_n * (block_k * k_steps + k_tail) > GEMV_WIDEST_TILE:
-        warps = env_int("DSV41_GEMV_WIDE_WARPS", 8, lambda v: v in (8, 16), "8 or 16")
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps, k_tail=k_tail)  # fmt: skip
 
@@ -771,20 +730,6 @@ class NormInput:
     eps: float
 
 
-@dataclasses.dataclass(frozen=True)
-class RopeOut:
-    """Where wq_b also stores q as attention takes it: ``bf16(rope(out))`` per row pair of the
-    fused Q layout (SPEC §2.4; dims ``nope ..`` of each head turned at its token's position),
-    so attention reads q as is, with no RoPE and no layout round trip of its own."""
-
-    q: torch.Tensor  # bf16 [M, heads * head_dim], fused Q layout (the GEMM's out shape)
-    positions: torch.Tensor  # [M] int
-    cos: torch.Tensor  # fp32 [max_position, rope_dim / 2]
-    sin: torch.Tensor
-    head_dim: int  # 512
-    nope: int  # 448
-
-
 def mx_gemm(
     a: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | OInput | NormInput,
     w: torch.Tensor,
@@ -796,7 +741,6 @@ def mx_gemm(
     n_per_group: int | None = None,
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
-    rope_out: RopeOut | None = None,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -808,8 +752,6 @@ def mx_gemm(
     32])``, when given, receives the MXFP8 cast of the bf16 out. ``a8_out`` (the same
     formats, ``[M, K]``), when given with a bf16 ``a`` on the CUDA-core loop, receives the
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
-    ``rope_out`` (wq_b, one group, not with an ``OInput``): its ``q`` also receives the out
-    RoPE'd and rounded to bf16 again (``RopeOut``).
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -856,26 +798,6 @@ def mx_gemm(
     if out is None:
         out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     _check("out", out, torch.bfloat16, (m, n))
-    if rope_out is not None:
-        if mode == A_O or groups != 1:
-            got = "an OInput a" if mode == A_O else f"{groups} groups"
-            raise ValueError(f"rope_out: expected one group and no OInput a, got {got}")
-        hd, r = rope_out.head_dim, rope_out
-        if hd % Q_CHUNK or n % hd or not 0 <= r.nope < hd or r.nope % 2:
-            raise ValueError(
-                f"rope_out: expected head_dim a multiple of {Q_CHUNK} dividing N = {n} and an even nope "
-                f"below it, got head_dim {hd}, nope {r.nope}"
-            )
-        _check("rope_out q", r.q, torch.bfloat16, (m, n))
-        _check("rope_out cos", r.cos, torch.float32, (r.cos.shape[0], (hd - r.nope) // 2))
-        _check("rope_out sin", r.sin, torch.float32, tuple(r.cos.shape))
-        if r.positions.dtype not in (torch.int32, torch.int64) or tuple(r.positions.shape) != (m,):
-            raise ValueError(
-                f"rope_out positions: expected int32 or int64 [{m}], "
-                f"got {r.positions.dtype} {list(r.positions.shape)}"
-            )
-        pos, cos, sin = r.positions, r.cos, r.sin
-        geo = {"G": 1, "HEAD_DIM": hd, "NOPE": r.nope, "HALF_ROPE": r.cos.shape[1]}
     quant = out8 is not None
     if quant:
         _check("out8 values", out8[0], E4M3, (m, n))
@@ -952,16 +874,13 @@ def mx_gemm(
         sin if sin is not None else out,
         norm if norm is not None else out,
         trace if trace is not None else out,
-        rope_out.q if rope_out is not None else out,
         eps,
         m,
-        cos.shape[0] if cos is not None else 0,
         stride_am,
         stride_acm,
         out.stride(0),
         o8v.stride(0),
         o8c.stride(0),
-        rope_out.q.stride(0) if rope_out is not None else 0,
         N=n,
         K=k,
         N_PER_GROUP=n_per_group,
@@ -983,7 +902,6 @@ def mx_gemm(
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
-        ROPE_OUT=rope_out is not None,
         **pdl_launch_options(pdl),
     )
     return out
