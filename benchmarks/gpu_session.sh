@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -850,4 +850,16 @@ if [ "$what" = s17b ]; then
   done
   DSV41_GEMV_TAIL=65536 timeout 150 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_nvidia_step_gpu.py -k "step_matches" --timeout 140 2>&1 | tail -3
+fi
+if [ "$what" = s17c ]; then
+  # Session 17, call 3 (about 6 minutes): the combine reads every split's partials in one
+  # load each (all in flight at once; SM90 SASS after the wait: 14 loads a thread instead of
+  # 160): nvidia's step and attention GPU tests; A/B against 6afa29e (a copy in _old/, not
+  # committed) at 1 and 2 tokens and at 16 and 48; the attention trace.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py -k "step_matches or matches_reference" \
+    --timeout 190 2>&1 | tail -3
+  one_two_vs_old 6afa29e
+  vs_old 6afa29e --backend nvidia --tp 4 --tokens 16,48
+  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -3
 fi

@@ -403,7 +403,7 @@ def mega_attention_combine_kernel(
     max_pos,
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
     CH: tl.constexpr, USE_PDL: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
-    HW: tl.constexpr = False,
+    HW: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
     splits' partials rescaled to their common max and summed in split order, then the epilogue.
@@ -428,21 +428,23 @@ def mega_attention_combine_kernel(
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
-    # Split t's (max, sum) and o partial sit a constant t * 2 HT and t * HT * 512 floats past
-    # split 0's: one address each, the splits' offsets left to the loads' immediates.
-    first = pid.to(tl.int64) * SPLITS
-    stats = part_stat_ptr + first * (2 * HT) + hh
-    parts = part_o_ptr + (first * HT + hh[:, None]) * _HEAD_DIM + (d0 + tl.arange(0, W))[None, :]
-    m_i = tl.full((CH,), -float("inf"), tl.float32)
-    for t in tl.static_range(SPLITS):
-        m_i = tl.maximum(m_i, tl.load(stats + t * (2 * HT)))
+    # Every split's (max, sum) and o partial in one load each, [splits, heads] and [splits,
+    # heads, dims] (splits padded to a power of two, masked), so all are in flight at once;
+    # then each split weighted by 2^(its max - the common max) and summed.
+    t = tl.arange(0, SPLIT_PAD)
+    t_ok = t < SPLITS
+    first = pid.to(tl.int64) * SPLITS + t  # the (token, tile)'s row of each split's partials
+    stat = part_stat_ptr + first[:, None] * (2 * HT) + hh[None, :]
+    m_t = tl.load(stat, mask=t_ok[:, None], other=-float("inf"))
+    l_t = tl.load(stat + HT, mask=t_ok[:, None], other=0.0)
+    cols = d0 + tl.arange(0, W)
+    part = part_o_ptr + ((first[:, None] * HT + hh[None, :]) * _HEAD_DIM)[:, :, None] + cols
+    o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0)
+    m_i = tl.max(m_t, axis=0)
     m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
-    l_i = tl.zeros((CH,), tl.float32)
-    acc = tl.zeros((CH, W), tl.float32)
-    for t in tl.static_range(SPLITS):
-        w = tl.exp2(tl.load(stats + t * (2 * HT)) - m_ref)
-        l_i += w * tl.load(stats + (t * (2 * HT) + HT))
-        acc += w[:, None] * tl.load(parts + t * (HT * _HEAD_DIM))
+    w = tl.exp2(m_t - m_ref[None, :])  # 0 for a padded split and one without keys
+    l_i = tl.sum(w * l_t, axis=0)
+    acc = tl.sum(w[:, :, None] * o_t, axis=0)
     _epilogue_tl(
         acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr, H, G, CH,
         W, HW,
@@ -655,6 +657,7 @@ def mega_attention(
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
             CH=COMBINE_HEADS, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
+            SPLIT_PAD=triton.next_power_of_2(splits),
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
             **pdl_launch_options(pdl),
         )  # fmt: skip
