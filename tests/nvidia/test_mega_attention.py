@@ -22,8 +22,10 @@ from dsv41.common.rope import apply_inverse_rope, rope_tables
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import (
+    COMBINE_WIDE_SPLITS,
     KEY_BLOCK,
     attention_splits,
+    combine_wide,
     mega_attention,
     prefetch_records,
     rows_aligned,
@@ -188,6 +190,26 @@ def test_empty_row_and_out_of_range_entries(fmt):
     _assert_matches(got, _expected(layer, sc, seams, as_none, layer.attn_sink))
     assert torch.equal(got[0][1], torch.zeros_like(got[0][1]))
     assert torch.isneginf(got[2][1]).all()
+
+
+@pytest.mark.parametrize("wide", ["0", "1"])
+def test_combine_split_by_split_or_all_at_once(wide, monkeypatch):
+    """Both combine orders (``DSV41_COMBINE_WIDE``: split by split, or every split's partials
+    in one load) give the reference, with a row of no keys (zeros, lse -inf) and a split count
+    that is no power of two; by default all at once from ``COMBINE_WIDE_SPLITS`` splits on."""
+    monkeypatch.delenv("DSV41_COMBINE_WIDE", raising=False)
+    assert combine_wide(COMBINE_WIDE_SPLITS) and not combine_wide(COMBINE_WIDE_SPLITS - 1)
+    monkeypatch.setenv("DSV41_COMBINE_WIDE", wide)
+    assert combine_wide(3) == (wide == "1")
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_mx")
+    table = sc.key_table.clone()
+    table[2] = NONE
+    got = _run(layer, sc, q_fused, key_table=table, splits=3)
+    _assert_matches(got, _expected(layer, sc, seams, table, layer.attn_sink))
+    assert torch.equal(got[0][2], torch.zeros_like(got[0][2])) and torch.isneginf(got[2][2]).all()
+    monkeypatch.setenv("DSV41_COMBINE_WIDE", "2")
+    with pytest.raises(ValueError, match="DSV41_COMBINE_WIDE: expected 0 or 1, got '2'"):
+        combine_wide(40)
 
 
 def test_infinite_sink_zeroes_heads():

@@ -63,6 +63,12 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
 # (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16-head programs; session 7: 37.6
 # against 38.9 with 2 heads and 39.1 with 1)
+# From this many splits on, the combine reads all of a program's partials in one load each (all
+# in flight; SM90: 14 loads a thread instead of 160 at 40 splits). H200, session 17, us a step
+# against split by split: tp 4, M = 1 (40 splits): 26.5 / 25.7 against 26.6 / 27.2, M = 2 (40):
+# 40.3 / 40.3 against 40.7 / 41.5; tp 2, M = 1 (40): 38.2 against 38.7; but tp 2, M = 2 (20
+# splits): 66.4 against 64.8, tp 4, M = 16: 71.5 against 70.1, M = 48: 141.7 against 133.8.
+COMBINE_WIDE_SPLITS = 32
 COMBINE_PROGRAMS = HEAD_DIM // COMBINE_CHUNK * (HEAD_TILE // COMBINE_HEADS)  # a tile's combine
 # Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
 # each tier of (token, head tile) pairs (DSV41_ATTN_PROGRAMS_PER_SM overrides every tier). H200
@@ -397,16 +403,39 @@ def mega_attention_kernel(
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
+@triton.jit
+def _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT: tl.constexpr,
+                     SPLITS: tl.constexpr, W: tl.constexpr, SPLIT_PAD: tl.constexpr):  # fmt: skip
+    """The combine's sums ``(acc [CH, W], l_i [CH], m_i [CH])`` of heads ``hh``, dims ``d0 ..``
+    of (token, tile) ``pid`` from every split's (max, sum) and o partial read in one load each,
+    ``[splits, heads(, dims)]`` (splits padded to ``SPLIT_PAD``, masked), so all are in flight
+    at once; each split weighted by 2^(its max - the common max), summed over the splits."""
+    t = tl.arange(0, SPLIT_PAD)
+    t_ok = t < SPLITS
+    first = pid.to(tl.int64) * SPLITS + t  # each split's row of partials
+    stat = part_stat_ptr + first[:, None] * (2 * HT) + hh[None, :]
+    m_t = tl.load(stat, mask=t_ok[:, None], other=-float("inf"))
+    l_t = tl.load(stat + HT, mask=t_ok[:, None], other=0.0)
+    cols = d0 + tl.arange(0, W)
+    part = part_o_ptr + ((first[:, None] * HT + hh[None, :]) * _HEAD_DIM)[:, :, None] + cols
+    o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0)
+    m_i = tl.max(m_t, axis=0)
+    m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
+    w = tl.exp2(m_t - m_ref[None, :])  # 0 for a padded split and one without keys
+    return tl.sum(w[:, :, None] * o_t, axis=0), tl.sum(w * l_t, axis=0), m_i
+
+
 @triton.jit(do_not_specialize=["max_pos"])
 def mega_attention_combine_kernel(
     pos_ptr, sink_ptr, cos_ptr, sin_ptr, xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
     max_pos,
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
     CH: tl.constexpr, USE_PDL: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
-    HW: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1,
+    HW: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, WIDE: tl.constexpr = False,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
-    splits' partials rescaled to their common max and summed in split order, then the epilogue.
+    splits' partials rescaled to their common max and summed (in split order, or all read at
+    once and summed as a tree: ``WIDE``, ``combine_wide``), then the epilogue.
     ``TRACE``: this program's stamps in ``trace_ptr``'s row (start, wait over, end, SM); ``HW``
     (the GPU): the bf16 round is the hardware's cast."""
     TILES: tl.constexpr = (H + HT - 1) // HT
@@ -428,23 +457,24 @@ def mega_attention_combine_kernel(
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
-    # Every split's (max, sum) and o partial in one load each, [splits, heads] and [splits,
-    # heads, dims] (splits padded to a power of two, masked), so all are in flight at once;
-    # then each split weighted by 2^(its max - the common max) and summed.
-    t = tl.arange(0, SPLIT_PAD)
-    t_ok = t < SPLITS
-    first = pid.to(tl.int64) * SPLITS + t  # the (token, tile)'s row of each split's partials
-    stat = part_stat_ptr + first[:, None] * (2 * HT) + hh[None, :]
-    m_t = tl.load(stat, mask=t_ok[:, None], other=-float("inf"))
-    l_t = tl.load(stat + HT, mask=t_ok[:, None], other=0.0)
-    cols = d0 + tl.arange(0, W)
-    part = part_o_ptr + ((first[:, None] * HT + hh[None, :]) * _HEAD_DIM)[:, :, None] + cols
-    o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0)
-    m_i = tl.max(m_t, axis=0)
-    m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
-    w = tl.exp2(m_t - m_ref[None, :])  # 0 for a padded split and one without keys
-    l_i = tl.sum(w * l_t, axis=0)
-    acc = tl.sum(w[:, :, None] * o_t, axis=0)
+    if WIDE:  # every split's (max, sum) and o partial in one load each, all in flight at once
+        acc, l_i, m_i = _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT, SPLITS, W,
+                                         SPLIT_PAD)  # fmt: skip
+    else:  # split by split: t's partials sit t * 2 HT and t * HT * 512 floats past split 0's
+        first = pid.to(tl.int64) * SPLITS
+        stats = part_stat_ptr + first * (2 * HT) + hh
+        cols = d0 + tl.arange(0, W)
+        parts = part_o_ptr + (first * HT + hh[:, None]) * _HEAD_DIM + cols[None, :]
+        m_i = tl.full((CH,), -float("inf"), tl.float32)
+        for t in tl.static_range(SPLITS):
+            m_i = tl.maximum(m_i, tl.load(stats + t * (2 * HT)))
+        m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight 0
+        l_i = tl.zeros((CH,), tl.float32)
+        acc = tl.zeros((CH, W), tl.float32)
+        for t in tl.static_range(SPLITS):
+            w = tl.exp2(tl.load(stats + t * (2 * HT)) - m_ref)
+            l_i += w * tl.load(stats + (t * (2 * HT) + HT))
+            acc += w[:, None] * tl.load(parts + t * (HT * _HEAD_DIM))
     _epilogue_tl(
         acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr, H, G, CH,
         W, HW,
@@ -452,6 +482,12 @@ def mega_attention_combine_kernel(
     if TRACE:
         tl.store(stamps + 5, globaltimer_tl(pid))
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
+
+
+def combine_wide(splits: int) -> bool:
+    """Whether the combine reads every split's partials in one load each (``_combine_wide_tl``):
+    ``DSV41_COMBINE_WIDE`` (1 or 0) when set, else from ``COMBINE_WIDE_SPLITS`` splits on."""
+    return bool(env_flag("DSV41_COMBINE_WIDE", splits >= COMBINE_WIDE_SPLITS))
 
 
 def early_keys() -> bool:
@@ -657,7 +693,7 @@ def mega_attention(
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
             CH=COMBINE_HEADS, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
-            SPLIT_PAD=triton.next_power_of_2(splits),
+            SPLIT_PAD=triton.next_power_of_2(splits), WIDE=combine_wide(splits),
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
             **pdl_launch_options(pdl),
         )  # fmt: skip
