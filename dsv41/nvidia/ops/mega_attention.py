@@ -68,6 +68,7 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # against split by split: tp 4, M = 1 (40 splits): 26.5 / 25.7 against 26.6 / 27.2, M = 2 (40):
 # 40.3 / 40.3 against 40.7 / 41.5; tp 2, M = 1 (40): 38.2 against 38.7; but tp 2, M = 2 (20
 # splits): 66.4 against 64.8, tp 4, M = 16: 71.5 against 70.1, M = 48: 141.7 against 133.8.
+# With this rule, tp 4, M = 1: 25.6 / 25.5 / 25.7 against 27.1 / 26.6 / 26.5; tp 2: 37.7 / 38.2.
 COMBINE_WIDE_SPLITS = 32
 COMBINE_PROGRAMS = HEAD_DIM // COMBINE_CHUNK * (HEAD_TILE // COMBINE_HEADS)  # a tile's combine
 # Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
