@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -874,4 +874,15 @@ if [ "$what" = s17d ]; then
   for r in 1 2 3; do ab DSV41_COMBINE_WIDE "1 0" --backend nvidia --tp 4 --tokens 1; done
   ab DSV41_COMBINE_WIDE "1 0" --backend nvidia --tp 2 --tokens 1
   for tp in 4 2; do v "" --backend nvidia --tp $tp --tokens 1,2,4,8,16,32,48; done
+fi
+if [ "$what" = s17e ]; then
+  # Session 17, call 5 (about 3 minutes): combine programs of 2 or 1 heads
+  # (DSV41_COMBINE_HEADS; 128 or 256 programs a head tile, 4 heads and 64 by default) with the
+  # all-at-once reads: attention's GPU tests at each; A/B twice at tp 4, once at tp 2, one token.
+  for h in 2 1; do
+    DSV41_COMBINE_HEADS=$h timeout 60 python3 -m pytest -q -p no:cacheprovider \
+      tests/gpu/test_mega_attention_gpu.py -k "any_split or matches_reference" --timeout 55 2>&1 | tail -1
+  done
+  for r in 1 2; do ab DSV41_COMBINE_HEADS "4 2 1" --backend nvidia --tp 4 --tokens 1; done
+  ab DSV41_COMBINE_HEADS "4 2 1" --backend nvidia --tp 2 --tokens 1
 fi

@@ -187,7 +187,8 @@ def test_attention_trace_stamps_every_program(layer, tokens):
     sms = sm_count(DEVICE)
     splits, _ = attn.attention_splits(tokens, heads, sc.key_table.shape[1], sms)
     tiles = attn.head_tile_pairs(tokens, heads)
-    programs = tiles * splits + (tiles * attn.COMBINE_PROGRAMS if splits > 1 else 0)
+    programs = tiles * splits + (tiles * attn.combine_programs(attn.combine_heads())
+                                 if splits > 1 else 0)  # fmt: skip
     assert bool((t[:programs, 0] > 0).all()) and bool((t[programs:] == 0).all())
     ours, comb = t[: tiles * splits], t[tiles * splits: programs]
     early = tokens == 1  # one key block a split, its records ready: read before the wait

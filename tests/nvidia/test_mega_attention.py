@@ -25,6 +25,8 @@ from dsv41.nvidia.ops.mega_attention import (
     COMBINE_WIDE_SPLITS,
     KEY_BLOCK,
     attention_splits,
+    combine_heads,
+    combine_programs,
     combine_wide,
     mega_attention,
     prefetch_records,
@@ -190,6 +192,23 @@ def test_empty_row_and_out_of_range_entries(fmt):
     _assert_matches(got, _expected(layer, sc, seams, as_none, layer.attn_sink))
     assert torch.equal(got[0][1], torch.zeros_like(got[0][1]))
     assert torch.isneginf(got[2][1]).all()
+
+
+@pytest.mark.parametrize("heads", ["1", "16"])
+def test_combine_heads_a_program(heads, monkeypatch):
+    """``DSV41_COMBINE_HEADS``: combine programs of 1 or 16 heads (4 by default) give the
+    reference, in both combine orders; other values are refused."""
+    monkeypatch.delenv("DSV41_COMBINE_HEADS", raising=False)
+    assert combine_heads() == 4 and combine_programs(4) == 64
+    monkeypatch.setenv("DSV41_COMBINE_HEADS", heads)
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, "fp8_ds_mla")
+    want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
+    for wide in ("0", "1"):
+        monkeypatch.setenv("DSV41_COMBINE_WIDE", wide)
+        _assert_matches(_run(layer, sc, q_fused, splits=3), want)
+    monkeypatch.setenv("DSV41_COMBINE_HEADS", "3")
+    with pytest.raises(ValueError, match="DSV41_COMBINE_HEADS: expected 1, 2, 4, 8 or 16, got '3'"):
+        combine_heads()
 
 
 @pytest.mark.parametrize("wide", ["0", "1"])

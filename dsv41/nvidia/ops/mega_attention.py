@@ -70,7 +70,6 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # splits): 66.4 against 64.8, tp 4, M = 16: 71.5 against 70.1, M = 48: 141.7 against 133.8.
 # With this rule, tp 4, M = 1: 25.6 / 25.5 / 25.7 against 27.1 / 26.6 / 26.5; tp 2: 37.7 / 38.2.
 COMBINE_WIDE_SPLITS = 32
-COMBINE_PROGRAMS = HEAD_DIM // COMBINE_CHUNK * (HEAD_TILE // COMBINE_HEADS)  # a tile's combine
 # Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
 # each tier of (token, head tile) pairs (DSV41_ATTN_PROGRAMS_PER_SM overrides every tier). H200
 # (132 SMs), graph-replayed steps (session 10), us, these tiers against 4 a SM everywhere (the
@@ -485,6 +484,18 @@ def mega_attention_combine_kernel(
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
+def combine_heads() -> int:
+    """Heads a combine program finishes: ``DSV41_COMBINE_HEADS`` (1, 2, 4, 8 or 16) when set,
+    else ``COMBINE_HEADS``."""
+    return env_int("DSV41_COMBINE_HEADS", COMBINE_HEADS, lambda v: v in (1, 2, 4, 8, 16),
+                   "1, 2, 4, 8 or 16")  # fmt: skip
+
+
+def combine_programs(heads: int) -> int:
+    """Combine programs a (token, head tile) takes with ``heads`` heads a program."""
+    return HEAD_DIM // COMBINE_CHUNK * (HEAD_TILE // heads)
+
+
 def combine_wide(splits: int) -> bool:
     """Whether the combine reads every split's partials in one load each (``_combine_wide_tl``):
     ``DSV41_COMBINE_WIDE`` (1 or 0) when set, else from ``COMBINE_WIDE_SPLITS`` splits on."""
@@ -665,7 +676,8 @@ def mega_attention(
     early = records_ready and keys_per_split == KEY_BLOCK and early_keys()
     aligned = rows_aligned(window_cache, comp)
     trace = trace_buffer
-    programs = tiles * splits + (tiles * COMBINE_PROGRAMS if splits > 1 else 0)
+    ch = combine_heads()
+    programs = tiles * splits + (tiles * combine_programs(ch) if splits > 1 else 0)
     if trace is not None and (trace.dtype != torch.int64 or trace.device != device
                               or trace.shape[0] < programs
                               or tuple(trace.shape[1:]) != (TRACE_FIELDS,)):  # fmt: skip
@@ -688,12 +700,12 @@ def mega_attention(
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
-        grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // COMBINE_HEADS)
+        grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
         mega_attention_combine_kernel[grid](
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
-            CH=COMBINE_HEADS, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
+            CH=ch, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
             SPLIT_PAD=triton.next_power_of_2(splits), WIDE=combine_wide(splits),
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
             **pdl_launch_options(pdl),
