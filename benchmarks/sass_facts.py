@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 H200_SMS = 132
-TARGET = ("cuda", 90, 32)  # SM90, warp size 32
 _PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
         torch.int32: "*i32", torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8",
         torch.float8_e4m3fn: "*fp8e4nv"}  # fmt: skip
@@ -77,8 +76,8 @@ def seen_as_h200(layer):
 
 
 def signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
-    """``(signature, constexprs, attrs, options)`` of a caught launch, as ``ASTSource`` and
-    ``triton.compile`` take them."""
+    """``(signature, constexprs, attrs, options)`` of a caught launch, by argument name, as
+    ``compile_sm90`` takes them."""
     names = fn.arg_names
     bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
     options = {k: v for k, v in kwargs.items() if k not in names}
@@ -92,7 +91,7 @@ def signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
             sig[name] = "constexpr"
         elif isinstance(value, torch.Tensor):
             sig[name] = _PTR[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            attrs[name] = [["tt.divisibility", 16]]
         elif value is None:
             sig[name], consts[name] = "constexpr", None
         elif isinstance(value, float):
@@ -100,19 +99,18 @@ def signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
         else:
             sig[name] = "i32" if -(2**31) <= int(value) < 2**31 else "i64"
             if name not in skip and int(value) % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    return sig, {(names.index(k),): v for k, v in consts.items()}, attrs, options
+                attrs[name] = [["tt.divisibility", 16]]
+    return sig, consts, attrs, options
 
 
 def facts(fn, args: tuple, kwargs: dict) -> dict:
     """One caught launch compiled for SM90: its resource use and SASS counts."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+
+    from dsv41.nvidia.sm90_compile import compile_sm90
 
     sig, consts, attrs, options = signature(fn, args, kwargs)
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                            target=GPUTarget(*TARGET), options=options)  # fmt: skip
+    kernel = compile_sm90(fn, sig, consts, attrs, **options)
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"

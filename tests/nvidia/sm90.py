@@ -22,18 +22,13 @@ def sm90_ptx(fn, consts: dict, kinds: dict, divisible=None, **options) -> str:
     """PTX of the jit function ``fn`` for SM90 with ``consts`` as its constexprs. Every other
     argument is of type ``kinds[name]``, else ``*u8`` (a name ending in ``_ptr``) or ``i32``;
     those ``divisible(name, type)`` picks (by default the pointers) are 16-B divisible."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from dsv41.nvidia.sm90_compile import compile_sm90
 
     divisible = divisible or (lambda name, kind: kind[0] == "*")
     sig = {n: "constexpr" if n in consts else kinds.get(n, "*u8" if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}  # fmt: skip
-    src = ASTSource(fn=fn, signature=sig,
-                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                           if divisible(n, sig[n])})  # fmt: skip
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    attrs = {n: [["tt.divisibility", 16]] for n in fn.arg_names if divisible(n, sig[n])}
+    return compile_sm90(fn, sig, consts, attrs, **options).asm["ptx"]
 
 
 def ptx_facts(script: str, *args: str) -> dict:
