@@ -22,9 +22,10 @@ and a second launch combines them: one program per (token, head tile, 32-dim
 chunk, ``COMBINE_HEADS`` heads), so the combine reads the partials in parallel
 rather than through one program, and the epilogue (sink, inverse RoPE, bf16,
 MXFP8 cast, fused-O store) is chunk-local (RoPE pairs and MX blocks never cross
-a 32-dim chunk). With one split the attention program runs the epilogue itself. Neither launch syncs
-with the host or keeps state between calls, so a step can be captured in a
-CUDA graph. Products of a bf16 q and a dequantized key are exact in bf16, so
+a 32-dim chunk); from ``COMBINE_WIDE_SPLITS`` splits on, a combine program reads all its
+partials in one load each. With one split the attention program runs the epilogue itself.
+Neither launch syncs with the host or keeps state between calls, so a step can be captured
+in a CUDA graph. Products of a bf16 q and a dequantized key are exact in bf16, so
 on the GPU the score dot runs on bf16 operands and the output dot on a bf16
 hi + lo split of the probabilities (~16 bits); the interpreter (whose bf16 dot
 is broken) uses fp32 operands.
