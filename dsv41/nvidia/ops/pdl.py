@@ -27,9 +27,20 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv41.common.switches import env_flag
+from dsv41.common.switches import env_flag, env_int
 
 PDL_MAX_TOKENS = 2
+# Kinds of kernel ``DSV41_PDL_LATE`` (a sum of these bits) makes release their dependents late.
+LATE_GEMV = 1  # a one-token CUDA-core GEMM: once its activation is read and cast
+LATE_ATTENTION = 2  # attention: once its first key block is in the online softmax
+LATE_COMBINE = 4  # the attention combine: once every split's partials are summed
+# The release itself: predicated on a value of the data it waits for (true unless that value's
+# bits are one particular NaN, where the program releases at its exit instead), so it cannot
+# issue before the data arrives.
+_RELEASE_AFTER = tl.constexpr(
+    "{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc0dead; @p griddepcontrol.launch_dependents; "
+    "mov.b32 $0, 0; }"
+)
 
 
 def pdl_enabled(tokens: int) -> bool:
@@ -41,14 +52,33 @@ def pdl_enabled(tokens: int) -> bool:
     return tokens <= PDL_MAX_TOKENS if forced is None else forced
 
 
+def pdl_late(kind: int) -> bool:
+    """Whether kernels of ``kind`` (``LATE_GEMV``, ``LATE_ATTENTION``, ``LATE_COMBINE``) let
+    their dependents launch only once their own inputs are read (``pdl_release_tl``) instead of
+    at their start: ``DSV41_PDL_LATE`` (a sum of those bits, 0 .. 7) when set, else none. The
+    next kernel's weight loads then stream from HBM after this kernel's reads, not beside them."""
+    return bool(env_int("DSV41_PDL_LATE", 0, lambda v: v <= 7, "0 .. 7") & kind)
+
+
 def pdl_launch_options(on: bool) -> dict:
     """Extra launch keywords: ``launch_pdl=True`` when ``on``, nothing otherwise."""
     return {"launch_pdl": True} if on else {}
 
 
 @triton.jit
-def pdl_prologue_tl(USE_PDL: tl.constexpr):
-    """Let the next kernel launch, then wait for the previous one's writes."""
+def pdl_prologue_tl(USE_PDL: tl.constexpr, LATE: tl.constexpr = False):
+    """Let the next kernel launch (with ``LATE``, ``pdl_release_tl`` does later), then wait for
+    the previous one's writes."""
     if USE_PDL:
-        gdc_launch_dependents()
+        if not LATE:
+            gdc_launch_dependents()
         gdc_wait()
+
+
+@triton.jit
+def pdl_release_tl(USE_PDL: tl.constexpr, LATE: tl.constexpr, data):
+    """With ``LATE``: let the next kernel launch once the fp32 tensor ``data`` is computed (each
+    thread once its elements are; the first in a program releases it)."""
+    if USE_PDL and LATE:
+        tl.inline_asm_elementwise(_RELEASE_AFTER, "=r,r", [data.to(tl.int32, bitcast=True)],
+                                  dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
