@@ -10,7 +10,10 @@ critical path (BENCHMARKS.md, sessions 14 to 16). Pointer arguments count as 16-
 torch allocates them; an int argument divisible by 16 as such, as Triton specializes it. The
 installed Triton compiles (the H200 runs 3.6: put one first on the path to match it).
 
-    python benchmarks/sass_facts.py --tp 4 --tokens 1
+    python benchmarks/sass_facts.py --tp 4 --tokens 1 [--dump DIR]
+
+``--dump DIR`` also writes each launch's PTX and SASS there (``<n>_<kernel>.ptx`` / ``.sass``,
+n its place in the step), to read what follows a wait.
 """
 
 from __future__ import annotations
@@ -103,8 +106,9 @@ def signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
     return sig, consts, attrs, options
 
 
-def facts(fn, args: tuple, kwargs: dict) -> dict:
-    """One caught launch compiled for SM90: its resource use and SASS counts."""
+def facts(fn, args: tuple, kwargs: dict, dump: Path | None = None) -> dict:
+    """One caught launch compiled for SM90: its resource use and SASS counts; with ``dump`` (a
+    path without suffix) its PTX and SASS written to ``dump.ptx`` and ``dump.sass``."""
     import triton
 
     from dsv41.nvidia.sm90_compile import compile_sm90
@@ -119,6 +123,9 @@ def facts(fn, args: tuple, kwargs: dict) -> dict:
                               text=True, check=True).stdout  # fmt: skip
         usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], capture_output=True,
                                text=True, check=True).stdout  # fmt: skip
+    if dump is not None:
+        dump.with_suffix(".ptx").write_text(kernel.asm["ptx"])
+        dump.with_suffix(".sass").write_text(sass)
     lines = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", sass, flags=re.MULTILINE)
     wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), None)
     after = lines[wait:] if wait is not None else []
@@ -161,13 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fmt", default="fp8_ds_mla", choices=("fp8_ds_mla", "fp8_mx"),
                    help="record format (SM90 stores fp8_ds_mla)")
     p.add_argument("--json", help="write the rows to this file too")
+    p.add_argument("--dump", type=Path, help="write each launch's PTX and SASS to this folder")
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_facts: unset TRITON_INTERPRET (the launchers must pick the GPU's "
                  "constexprs)")  # fmt: skip
     import triton
 
-    rows = [facts(*call) for call in step_launches(a.tp, a.tokens, a.fmt)]
+    if a.dump:
+        a.dump.mkdir(parents=True, exist_ok=True)
+    rows = [facts(*call, dump=a.dump / f"{i}_{call[0].__name__}" if a.dump else None)
+            for i, call in enumerate(step_launches(a.tp, a.tokens, a.fmt))]  # fmt: skip
     print(f"tp {a.tp}, M = {a.tokens}, {a.fmt}, SM90, Triton {triton.__version__}: each launch "
           f"of one step")
     print(f"{'kernel':32} {'warps':>5} {'regs':>4} {'spill':>5} {'shared':>6} {'sass':>5} "

@@ -19,15 +19,20 @@ STEP_KERNELS = ["mx_gemm_kernel", "norm_rope_insert_kernel", "mx_gemm_kernel",
 def test_one_token_step_compiles_for_sm90(tmp_path):
     """tp 4, M = 1: the step's seven launches in order (Wqkv, the side stream's norm, wq_b,
     attention, combine, wo_a, wo_b), each with its PDL wait (one token: PDL on) and instructions
-    after it, no spills; and the tool refuses the interpreter."""
+    after it, no spills, its PTX and SASS written with ``--dump``; and the tool refuses the
+    interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "facts.json"
     run = subprocess.run([sys.executable, "benchmarks/sass_facts.py", "--tp", "4", "--tokens",
-                          "1", "--json", str(out)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600, check=False)  # fmt: skip
+                          "1", "--json", str(out), "--dump", str(tmp_path / "asm")], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600,
+                         check=False)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert [r["kernel"] for r in rows] == STEP_KERNELS
+    for i, name in enumerate(STEP_KERNELS):  # --dump: each launch's PTX and SASS, its wait in both
+        assert "griddepcontrol.wait" in (tmp_path / "asm" / f"{i}_{name}.ptx").read_text()
+        assert "ACQBULK" in (tmp_path / "asm" / f"{i}_{name}.sass").read_text()
     for r in rows:
         assert r["after_wait"] and 0 < r["after_wait"] < r["sass"], r
         assert 0 < r["registers"] <= 255 and r["spilled_bytes"] == 0, r
