@@ -504,7 +504,7 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
           "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
-          "HW_E4M3": True, "LATE_PDL": False}
+          "HW_E4M3": True, "LATE_PDL": sys.argv[2:] == ["1"]}
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
@@ -513,29 +513,13 @@ kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr
 ptx = sm90_ptx(fn, consts, kinds, lambda n, k: k[0] == "*" or n.startswith("stride"),
                num_stages=4)
 before_wait = ptx.split("griddepcontrol.wait")[0]
-print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait))} |
+wait = ptx.find("griddepcontrol.wait")
+print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait)),
+                  "wait": wait, "release": ptx.find("griddepcontrol.launch_dependents"),
+                  "read_after_wait": ptx.find("ld.global", wait)} |
                  {k: len(re.findall(p, ptx)) for k, p in
                   {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
                    "byte_loads": r"ld\.global\.b8", "waits": r"griddepcontrol\.wait"}.items()}))
-"""
-
-
-PDL_LATE_COMPILE = r"""
-import json, sys
-from sm90 import sm90_ptx
-from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
-consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
-          "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 1,
-          "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 5, "GEMV": True, "K_PAD": 2048,
-          "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False, "HW_E4M3": True,
-          "USE_PDL": True, "LATE_PDL": sys.argv[1] == "1"}
-kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
-         "part_ptr": "*fp32", "ticket_ptr": "*i32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
-         "sin_ptr": "*fp32"}
-ptx = sm90_ptx(fn, consts, kinds, lambda n, k: k[0] == "*" or n.startswith("stride"))
-wait = ptx.find("griddepcontrol.wait")
-print(json.dumps({"wait": wait, "release": ptx.find("griddepcontrol.launch_dependents"),
-                  "read_after_wait": ptx.find("ld.global", wait)}))
 """
 
 
@@ -544,7 +528,7 @@ def test_late_release_follows_the_activation_read():
     """A one-token GEMV compiled for SM90: by default it lets the next kernel launch before its
     PDL wait; with ``LATE_PDL`` (``DSV41_PDL_LATE``) only after the wait and its activation's
     read, predicated on that data."""
-    early, late = (ptx_facts(PDL_LATE_COMPILE, flag) for flag in ("0", "1"))
+    early, late = (ptx_facts(SM90_COMPILE, "gemv", flag) for flag in ("0", "1"))
     assert 0 <= early["release"] < early["wait"], early
     assert 0 <= late["wait"] < late["read_after_wait"] < late["release"], late
 
