@@ -17,6 +17,11 @@ after the MMA GEMMs' K loop instead of at their start (session 10, PDL on at eve
 73.2), tp 2, M = 2 / 16: 71.7 / 90.8 (PDL off: 68.3 / 90.0); not kept. Session 12: with the
 CUDA-core GEMV at two tokens (``mx_gemm.GEMV_MAX_M``) and PDL, M = 2 took 41.6 us at tp 4 and
 66.8 at tp 2, against 56.4 and 68.8 on the MMA loop without PDL.
+
+``DSV41_PDL_LATE`` (session 17, prepared, not yet timed) moves the release of one-token
+GEMMs, attention and the combine from their start to after their own inputs are read
+(``pdl_late``, ``pdl_release_tl``), so the next kernel's weight loads do not stream beside
+those reads.
 """
 
 from __future__ import annotations
