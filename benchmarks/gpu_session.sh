@@ -57,6 +57,21 @@ one_two_vs_old() {
   vs_old "$1" --backend nvidia --tp 2 --tokens 1,2
 }
 
+# tables BACKENDS [tee]: every M at tp 4 then tp 2, rows tagged "tp T: "; with "tee" (a 200 s
+# limit a run, rows appended to $OUT/tables.txt) else each share's rows in $OUT/bench_tpT.json.
+tables() {
+  local tp
+  for tp in 4 2; do
+    if [ "${2:-}" = tee ]; then
+      BT=200 b --backend "$1" --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /" \
+        | tee -a "$OUT/tables.txt"
+    else
+      b --backend "$1" --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
+        | sed "s/^/tp $tp: /"
+    fi
+  done
+}
+
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu --timeout 500 ${PYTEST_ARGS:-} 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -25
@@ -109,10 +124,7 @@ if [ "$what" = s13c ]; then
     -k trace --timeout 140 2>&1 | tail -2
   timeout 120 python3 benchmarks/profile_step.py --tp 4 --tokens 1,2 --gemv-trace 2>&1 | tail -16
   timeout 100 python3 benchmarks/profile_step.py --tp 2 --tokens 1 --gemv-trace 2>&1 | tail -7
-  for tp in 4 2; do
-    b --backend nvidia --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
-      | sed "s/^/tp $tp: /"
-  done
+  tables nvidia
 fi
 if [ "$what" = s13d ]; then
   # Session 13, call 4 (about 7 minutes): the norm kernel's kv half only beside wq_b, the MX
@@ -133,10 +145,7 @@ if [ "$what" = s13e ]; then
   for r in 1 2; do
     for sets in "" "DSV41_GEMV_TILE=32768"; do v "$sets" --backend nvidia --tp 4 --tokens 1; done
   done
-  for tp in 4 2; do
-    b --backend nvidia,mono --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
-      | sed "s/^/tp $tp: /"
-  done
+  tables nvidia,mono
 fi
 if [ "$what" = s14 ]; then
   # Session 14, call 1 (about 7 minutes): nvidia's step tests with wo_b's one-token 16-row tile
@@ -188,10 +197,7 @@ if [ "$what" = s15b ]; then
   # tests, then the tables of both backends at tp 4 and 2.
   timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 240 2>&1 | tail -3
-  for tp in 4 2; do
-    BT=200 b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /" \
-      | tee -a "$OUT/tables.txt"
-  done
+  tables nvidia,mono tee
 fi
 if [ "$what" = s16 ]; then
   # Session 16, call 1 (about 5 minutes): one token's whole-row GEMV tiles run their dot on
@@ -225,10 +231,7 @@ if [ "$what" = s16c ]; then
   # (tensor cores off), then the tables of both backends at tp 4 and 2.
   timeout 160 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     --timeout 150 2>&1 | tail -3
-  for tp in 4 2; do
-    BT=200 b --backend nvidia,mono --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /" \
-      | tee -a "$OUT/tables.txt"
-  done
+  tables nvidia,mono tee
 fi
 if [ "$what" = s16d ]; then
   # Session 16, call 4 (about 6 minutes): attention's early key block converted to the dot's
@@ -708,10 +711,7 @@ fi
 if [ "$what" = s11f ]; then
   # Session 11, call 6 (about 7 minutes): the final tree's tables, both backends at both shares,
   # then nvidia's GPU tests on it (mono's kernel is the one call 1 tested).
-  for tp in 4 2; do
-    b --backend nvidia,mono --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
-      | sed "s/^/tp $tp: /"
-  done
+  tables nvidia,mono
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py --timeout 400 2>&1 | tail -3
 fi
