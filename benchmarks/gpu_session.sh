@@ -16,7 +16,7 @@
 # s14 .. s14c: session 14's;
 # s15, s15b: session 15's; s16 .. s16e: session 16's (s16, s16b: the tensor-core GEMV, removed
 # after them; DSV41_GEMV_TC no longer exists); s17 .. s17e: session 17's; s18: prepared for
-# session 18 (not yet run).
+# session 18 (run in its call 1; the late release was removed after it).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsv41.nvidia.ops.pdl import (
-    LATE_ATTENTION,
-    LATE_COMBINE,
-    LATE_GEMV,
-    PDL_MAX_TOKENS,
-    pdl_enabled,
-    pdl_late,
-    pdl_launch_options,
-)
+from dsv41.nvidia.ops.pdl import PDL_MAX_TOKENS, pdl_enabled, pdl_launch_options
 
 
 def test_pdl_by_tokens_and_switch(monkeypatch) -> None:
@@ -31,17 +23,3 @@ def test_pdl_by_tokens_and_switch(monkeypatch) -> None:
         with pytest.raises(ValueError, match=f"DSV41_PDL: expected 0 or 1, got '{bad}'"):
             pdl_enabled(1)
 
-
-def test_late_release_switch(monkeypatch) -> None:
-    """``DSV41_PDL_LATE``: a sum of the kinds' bits; none by default; other values refused."""
-    monkeypatch.delenv("DSV41_PDL_LATE", raising=False)
-    kinds = (LATE_GEMV, LATE_ATTENTION, LATE_COMBINE)
-    assert not any(pdl_late(k) for k in kinds)
-    monkeypatch.setenv("DSV41_PDL_LATE", str(LATE_ATTENTION + LATE_COMBINE))
-    assert [pdl_late(k) for k in kinds] == [False, True, True]
-    monkeypatch.setenv("DSV41_PDL_LATE", "7")
-    assert all(pdl_late(k) for k in kinds)
-    for bad in ("8", "all"):
-        monkeypatch.setenv("DSV41_PDL_LATE", bad)
-        with pytest.raises(ValueError, match=f"DSV41_PDL_LATE: expected 0 .. 7, got '{bad}'"):
-            pdl_late(LATE_GEMV)

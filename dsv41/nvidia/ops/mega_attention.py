@@ -56,13 +56,9 @@ from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
 from dsv41.nvidia.ops.pdl import (
-    LATE_ATTENTION,
-    LATE_COMBINE,
     pdl_enabled,
-    pdl_late,
     pdl_launch_options,
     pdl_prologue_tl,
-    pdl_release_tl,
 )
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
@@ -320,7 +316,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, LATE_PDL: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -328,8 +324,7 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row. ``LATE_PDL``: the
-    next launch may start once the split's keys are in the online softmax (``pdl_late``)."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -357,7 +352,7 @@ def mega_attention_kernel(
             _stamp_tl(stamps, 1, k_early)
         if DOT_BF16:  # the dot's bf16 keys made before the wait too (exact, as in _key_step_tl)
             k_early = k_early.to(tl.bfloat16)
-    pdl_prologue_tl(USE_PDL, LATE_PDL)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
     if PREFETCH:
@@ -393,7 +388,6 @@ def mega_attention_kernel(
                                      ALIGNED)  # fmt: skip
             m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT,
                                          DOT_BF16, False)  # fmt: skip
-    pdl_release_tl(USE_PDL, LATE_PDL, l_i)
     if TRACE:
         _stamp_tl(stamps, 4, acc)
 
@@ -443,14 +437,12 @@ def mega_attention_combine_kernel(
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
     CH: tl.constexpr, USE_PDL: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
     HW: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, WIDE: tl.constexpr = False,
-    LATE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
     splits' partials rescaled to their common max and summed (in split order, or all read at
     once and summed as a tree: ``WIDE``, ``combine_wide``), then the epilogue.
     ``TRACE``: this program's stamps in ``trace_ptr``'s row (start, wait over, end, SM); ``HW``
-    (the GPU): the bf16 round is the hardware's cast. ``LATE_PDL``: the next launch may start
-    once the partials are summed (``pdl_late``)."""
+    (the GPU): the bf16 round is the hardware's cast."""
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
     if TRACE:
@@ -467,7 +459,7 @@ def mega_attention_combine_kernel(
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     c, s = _rope_angles_tl(d0, pos, max_pos, cos_ptr, sin_ptr, W)
-    pdl_prologue_tl(USE_PDL, LATE_PDL)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
     if WIDE:  # every split's (max, sum) and o partial in one load each, all in flight at once
@@ -488,7 +480,6 @@ def mega_attention_combine_kernel(
             w = tl.exp2(tl.load(stats + t * (2 * HT)) - m_ref)
             l_i += w * tl.load(stats + (t * (2 * HT) + HT))
             acc += w[:, None] * tl.load(parts + t * (HT * _HEAD_DIM))
-    pdl_release_tl(USE_PDL, LATE_PDL, l_i)
     _epilogue_tl(
         acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr, H, G, CH,
         W, HW,
@@ -711,7 +702,7 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        LATE_PDL=pdl and pdl_late(LATE_ATTENTION), **pdl_launch_options(pdl),
+        **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
@@ -722,6 +713,6 @@ def mega_attention(
             CH=ch, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
             SPLIT_PAD=triton.next_power_of_2(splits), WIDE=combine_wide(splits),
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
-            LATE_PDL=pdl and pdl_late(LATE_COMBINE), **pdl_launch_options(pdl),
+            **pdl_launch_options(pdl),
         )  # fmt: skip
     return xo, xo_codes, lse

@@ -62,14 +62,7 @@ from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
-from dsv41.nvidia.ops.pdl import (
-    LATE_GEMV,
-    pdl_enabled,
-    pdl_late,
-    pdl_launch_options,
-    pdl_prologue_tl,
-    pdl_release_tl,
-)
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
@@ -340,12 +333,10 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
-    LATE_PDL: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
-    hardware's conversions. ``LATE_PDL`` (one token's CUDA-core loop): the next kernel may launch
-    once this program's activation is read and cast, not at its start (``pdl_late``)."""
+    hardware's conversions."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -369,7 +360,7 @@ def mx_gemm_kernel(
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
-    pdl_prologue_tl(USE_PDL, LATE_PDL)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -403,7 +394,6 @@ def mx_gemm_kernel(
                     squares += tl.sum(tl.sum(tx * tx, axis=1), axis=0)
                 factor = rms_factor_of_tl(squares, K, eps)
             values, scales = _gemv_act_cast(x, xc, g, factor, BLOCKS, A_MODE, HW_E4M3)
-            pdl_release_tl(USE_PDL, LATE_PDL, scales)
             acc = _gemv_dot_one(acc, w8, wc, values, scales)
             if K_TAIL > 0:
                 values, scales = _gemv_act_cast(tx, txc, tg, factor, K_TAIL // _MX, A_MODE,
@@ -912,7 +902,6 @@ def mx_gemm(
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
-        LATE_PDL=pdl and m == 1 and cfg.gemv and pdl_late(LATE_GEMV),
         **pdl_launch_options(pdl),
     )
     return out

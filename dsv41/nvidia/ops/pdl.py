@@ -18,10 +18,10 @@ after the MMA GEMMs' K loop instead of at their start (session 10, PDL on at eve
 CUDA-core GEMV at two tokens (``mx_gemm.GEMV_MAX_M``) and PDL, M = 2 took 41.6 us at tp 4 and
 66.8 at tp 2, against 56.4 and 68.8 on the MMA loop without PDL.
 
-``DSV41_PDL_LATE`` (session 17, prepared, not yet timed) moves the release of one-token
-GEMMs, attention and the combine from their start to after their own inputs are read
-(``pdl_late``, ``pdl_release_tl``), so the next kernel's weight loads do not stream beside
-those reads.
+Releasing the next launch only once a kernel's own inputs are read (one-token GEMMs,
+attention, the combine; a release predicated on that data) so the next GEMM's weights stream
+after those reads, not beside them, was slower (session 18, tp 4, M = 1: 28.7 to 31.2 us
+against 25.5 / 25.6 releasing at the start); removed.
 """
 
 from __future__ import annotations
@@ -32,20 +32,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv41.common.switches import env_flag, env_int
+from dsv41.common.switches import env_flag
 
 PDL_MAX_TOKENS = 2
-# Kinds of kernel ``DSV41_PDL_LATE`` (a sum of these bits) makes release their dependents late.
-LATE_GEMV = 1  # a one-token CUDA-core GEMM: once its activation is read and cast
-LATE_ATTENTION = 2  # attention: once its first key block is in the online softmax
-LATE_COMBINE = 4  # the attention combine: once every split's partials are summed
-# The release itself: predicated on a value of the data it waits for (true unless that value's
-# bits are one particular NaN, where the program releases at its exit instead), so it cannot
-# issue before the data arrives.
-_RELEASE_AFTER = tl.constexpr(
-    "{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc0dead; @p griddepcontrol.launch_dependents; "
-    "mov.b32 $0, 0; }"
-)
 
 
 def pdl_enabled(tokens: int) -> bool:
@@ -57,33 +46,15 @@ def pdl_enabled(tokens: int) -> bool:
     return tokens <= PDL_MAX_TOKENS if forced is None else forced
 
 
-def pdl_late(kind: int) -> bool:
-    """Whether kernels of ``kind`` (``LATE_GEMV``, ``LATE_ATTENTION``, ``LATE_COMBINE``) let
-    their dependents launch only once their own inputs are read (``pdl_release_tl``) instead of
-    at their start: ``DSV41_PDL_LATE`` (a sum of those bits, 0 .. 7) when set, else none. The
-    next kernel's weight loads then stream from HBM after this kernel's reads, not beside them."""
-    return bool(env_int("DSV41_PDL_LATE", 0, lambda v: v <= 7, "0 .. 7") & kind)
-
-
 def pdl_launch_options(on: bool) -> dict:
     """Extra launch keywords: ``launch_pdl=True`` when ``on``, nothing otherwise."""
     return {"launch_pdl": True} if on else {}
 
 
 @triton.jit
-def pdl_prologue_tl(USE_PDL: tl.constexpr, LATE: tl.constexpr = False):
-    """Let the next kernel launch (with ``LATE``, ``pdl_release_tl`` does later), then wait for
-    the previous one's writes."""
+def pdl_prologue_tl(USE_PDL: tl.constexpr):
+    """Let the next kernel launch, then wait for the previous one's writes."""
     if USE_PDL:
-        if not LATE:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
         gdc_wait()
 
-
-@triton.jit
-def pdl_release_tl(USE_PDL: tl.constexpr, LATE: tl.constexpr, data):
-    """With ``LATE``: let the next kernel launch once the fp32 tensor ``data`` is computed (each
-    thread once its elements are; the first in a program releases it)."""
-    if USE_PDL and LATE:
-        tl.inline_asm_elementwise(_RELEASE_AFTER, "=r,r", [data.to(tl.int32, bitcast=True)],
-                                  dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
