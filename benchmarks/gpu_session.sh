@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -16,7 +16,7 @@
 # s14 .. s14c: session 14's;
 # s15, s15b: session 15's; s16 .. s16e: session 16's (s16, s16b: the tensor-core GEMV, removed
 # after them; DSV41_GEMV_TC no longer exists); s17 .. s17e: session 17's; s18: prepared for
-# session 18 (run in its call 1; the late release was removed after it).
+# session 18 (run in its call 1; the late release was removed after it); s18b: session 18, call 2.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -899,4 +899,18 @@ if [ "$what" = s18 ]; then
   ab DSV41_PDL_LATE "0 7" --backend nvidia --tp 2 --tokens 1
   DSV41_PDL_LATE=7 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
     --attn-trace 2>&1 | tail -10
+fi
+if [ "$what" = s18b ]; then
+  # Session 18, call 2 (about 5 minutes): at one and two tokens attention makes the new keys
+  # and inserts their records itself (DSV41_ATTN_INSERT=1, the default; no norm kernel, no
+  # side stream, attention launched by PDL after wq_b, its key table and an L2 prefetch of its
+  # records before the wait): nvidia's step tests (the insert's bit-identity test included)
+  # and attention's; A/B against the side-stream norm kernel twice at tp 4, once at tp 2; the
+  # attention trace.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py -k "step_matches or graph or insert or matches_reference" \
+    --timeout 190 2>&1 | tail -3
+  for r in 1 2; do ab DSV41_ATTN_INSERT "1 0" --backend nvidia --tp 4 --tokens 1,2; done
+  ab DSV41_ATTN_INSERT "1 0" --backend nvidia --tp 2 --tokens 1,2
+  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
 fi

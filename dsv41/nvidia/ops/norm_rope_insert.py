@@ -23,8 +23,7 @@ import triton.language as tl
 from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
-from dsv41.common.norm_tl import rms_factor_tl
-from dsv41.common.rope import rope_pair_tl
+from dsv41.common.norm_tl import kv_angles_tl, kv_normed_tl, rms_factor_tl
 from dsv41.common.switches import env_flag
 from dsv41.nvidia.ops.mega_attention import prefetch_records_tl, record_row_ptrs_tl, rows_aligned
 from dsv41.nvidia.ops.mx_gemm import interpreting
@@ -48,6 +47,7 @@ def norm_rope_insert_kernel(
     comp_ptr,
     num_slots,
     comp_slots,
+    max_pos,
     eps,
     stride_qkv,
     stride_kv,
@@ -73,15 +73,11 @@ def norm_rope_insert_kernel(
     t = tl.program_id(0)
     row = qkv_ptr + t.to(tl.int64) * stride_qkv
     # What no step kernel writes first: the token's position, its RoPE angles and its slot.
-    d = tl.arange(0, KV_DIM)
-    is_rope = d >= NOPE
     pos = tl.load(pos_ptr + t).to(tl.int64)
-    pair = tl.where(is_rope, (d - NOPE) // 2, 0)
-    cs = tl.load(cos_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=1.0)
-    sn = tl.load(sin_ptr + pos * HALF_ROPE + pair, mask=is_rope, other=0.0)
+    cs, sn = kv_angles_tl(pos, max_pos, cos_ptr, sin_ptr, KV_DIM, NOPE, HALF_ROPE)
     slot = tl.load(slot_ptr + t + tl.arange(0, 1)).to(tl.int64)
     if KEYS > 0:  # the table read now, its records asked for last: nothing waits for the read
-        rows, codes, valid = record_row_ptrs_tl(table_ptr + t.to(tl.int64) * KEYS, 0, cache_ptr,
+        rows, codes, valid, _ = record_row_ptrs_tl(table_ptr + t.to(tl.int64) * KEYS, 0, cache_ptr,
                                                 comp_ptr, num_slots, comp_slots, KEYS, FMT,
                                                 BLOCK_TOKENS, COMP_BLOCK, KEYS,
                                                 KEYS_PAD)  # fmt: skip
@@ -104,15 +100,8 @@ def norm_rope_insert_kernel(
             mask=g < Q_RANK // 32,
         )
     # kv half: norm, bf16, RoPE on nope.., bf16, insert.
-    p = d ^ 1
-    kv = tl.load(row + Q_RANK + d).to(tl.float32)
-    scale = rms_factor_tl(kv, KV_DIM, eps)
-    kv = bf16_round_tl(kv * scale * tl.load(kv_norm_ptr + d).to(tl.float32))
-    partner = tl.load(row + Q_RANK + p).to(tl.float32)
-    partner = bf16_round_tl(partner * scale * tl.load(kv_norm_ptr + p).to(tl.float32))
-    even = d % 2 == 0
-    r0, r1 = rope_pair_tl(tl.where(even, kv, partner), tl.where(even, partner, kv), cs, sn, False)
-    kv = bf16_round_tl(tl.where(is_rope, tl.where(even, r0, r1), kv))
+    kv = kv_normed_tl(row + Q_RANK, kv_norm_ptr, cs, sn, eps, KV_DIM, NOPE)
+    d = tl.arange(0, KV_DIM)
     tl.store(kv_ptr + t.to(tl.int64) * stride_kv + d, kv.to(tl.bfloat16))
     store_record_tl(cache_ptr, slot, tl.reshape(kv, (1, KV_DIM)), num_slots, BLOCK_TOKENS, FMT)
     if KEYS > 0:
@@ -190,6 +179,7 @@ def norm_rope_insert(
         comp.data,
         window_cache.num_slots,
         comp.num_slots if comp is not window_cache else 0,
+        cos.shape[0],
         eps,
         qkv.stride(0),
         kv.stride(0),
