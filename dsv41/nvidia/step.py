@@ -170,7 +170,10 @@ def launch_step(
     if norm_in_wq_b(layer, x.shape[0], x.device) and attention_inserts(x.shape[0]):
         insert = RecordInsert(out.qkv, layer.kv_norm, slot_mapping, out.kv, model.eps)
         qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
-        mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
+        # wq_b releases attention only after its own wait: every record attention reads before
+        # its wait is then complete, but the new ones, which it makes itself.
+        mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
+                wait_first=True)  # fmt: skip
     elif norm_in_wq_b(layer, x.shape[0], x.device):  # the norm kernel's kv half only
         main = None
         if x.is_cuda:
@@ -207,7 +210,8 @@ def launch_step(
         softmax_scale=model.softmax_scale,
         heads_per_group=model.heads_per_group,
         splits=splits,
-        records_ready=side is not None,  # the insert joined by an event, not a PDL edge
+        # the insert joined by an event, or attention's own after a wq_b that waited first
+        records_ready=side is not None or insert is not None,
         insert=insert,
     )
     if z_cast_in_wo_b(layer, x.shape[0], x.device):

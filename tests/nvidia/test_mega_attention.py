@@ -353,10 +353,11 @@ from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
 fmt, prefetch = int(sys.argv[1]), sys.argv[2] == "1"
 consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
               KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
-              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
+              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False, NEW=0,
+              Q_RANK=0)
 kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
          "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
-         "part_stat_ptr": "*fp32", "qk_scale": "fp32"}
+         "part_stat_ptr": "*fp32", "qk_scale": "fp32", "eps": "fp32"}
 ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
 first_record = ptx.find("ld.global.v4")
 print(json.dumps({
@@ -399,7 +400,7 @@ def test_score_dot_in_segments_matches_the_reference(segments, monkeypatch) -> N
         _run(layer, sc, q_fused, splits=1)
 
 
-def _inserted(fmt: str, tokens: int, splits: int | None, insert_here: bool):
+def _inserted(fmt: str, tokens: int, splits: int | str, ready: bool, insert_here: bool):
     """A step's attention after its records are inserted, by the norm kernel first or by the
     attention launch itself (``insert``): (xo, codes, lse), the kv seam and the window cache.
     The new slots start holding other records (a stale page), so a key read from the cache
@@ -423,6 +424,8 @@ def _inserted(fmt: str, tokens: int, splits: int | None, insert_here: bool):
     else:
         assert (table[0] == sc.slot_mapping[0]).sum() == 1
     cos, sin = rope_tables(m, layer.layer_id)
+    if splits == "blocks":  # one key block a split
+        splits = -(-table.shape[1] // KEY_BLOCK)
     kv = torch.full((tokens, m.kv_dim), float("nan"), dtype=torch.bfloat16)
     insert = None
     if insert_here:
@@ -434,19 +437,21 @@ def _inserted(fmt: str, tokens: int, splits: int | None, insert_here: bool):
     out = mega_attention(
         q_fused, sc.positions, table, sc.window_cache, sc.compressed_cache, layer.attn_sink,
         cos, sin, softmax_scale=m.softmax_scale, heads_per_group=m.heads_per_group,
-        splits=splits, insert=insert,
+        splits=splits, records_ready=ready, insert=insert,
     )  # fmt: skip
     return out, kv, sc.window_cache.data
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize(("tokens", "splits"), [(1, None), (1, 2), (2, 1), (2, None)])
-def test_attention_inserting_the_records_gives_the_norm_kernels_bits(fmt, tokens, splits):
+@pytest.mark.parametrize(("tokens", "splits"), [(1, "blocks"), (1, 2), (2, 1), (2, "blocks")])
+@pytest.mark.parametrize("ready", [True, False], ids=["early", "after_wait"])
+def test_attention_inserting_the_records_gives_the_norm_kernels_bits(fmt, tokens, splits, ready):
     """An attention launch that makes the new keys and inserts their records itself gives the
     bits of the norm kernel's insert followed by attention: xo, codes, lse, the kv seam and
-    every byte of the window cache; in splits of one key block (None), of several, and one."""
-    got, kv, cache = _inserted(fmt, tokens, splits, True)
-    want, kv_want, cache_want = _inserted(fmt, tokens, splits, False)
+    every byte of the window cache; in splits of one key block, of several, and one; with the
+    keys of one-block splits read before the PDL wait (``records_ready``) or after."""
+    got, kv, cache = _inserted(fmt, tokens, splits, ready, True)
+    want, kv_want, cache_want = _inserted(fmt, tokens, splits, ready, False)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
     assert torch.equal(kv, kv_want) and not kv.isnan().any()

@@ -213,23 +213,27 @@ def _record_ptrs_tl(table_row, kk, live, win_ptr, comp_ptr, window_slots, compre
 @triton.jit
 def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
                   KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
-                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr, ALIGNED: tl.constexpr,
-                  NEW: tl.constexpr = 0, slot_a=-2, key_a=0.0, slot_b=-2,
-                  key_b=0.0):  # fmt: skip
-    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid. With
-    ``NEW`` new tokens (1 or 2), an entry of window slot ``slot_a`` (``slot_b``) takes the key
-    ``key_a [512]`` (``key_b``) instead of its record (the launch inserts those records)."""
+                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
+                  ALIGNED: tl.constexpr):  # fmt: skip
+    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]``, which are valid, and their
+    window slots (-1: none)."""
     kk = k0 + tl.arange(0, BK)
     data_ptrs, code_ptrs, valid, own = _record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr,
                                                        comp_ptr, window_slots, compressed_slots,
                                                        FMT, WIN_BLOCK, COMP_BLOCK,
                                                        ALIGNED)  # fmt: skip
-    k = load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK)
+    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid, own
+
+
+@triton.jit
+def _swap_new_tl(k, own, NEW: tl.constexpr, slot_a, key_a, slot_b, key_b):
+    """Keys ``k [BK, 512]`` of window slots ``own [BK]`` with the step's ``NEW`` new keys in place
+    of their records: ``key_a [512]`` where the slot is ``slot_a``, ``key_b`` where ``slot_b``."""
     if NEW > 0:
-        k = tl.where((own == slot_a)[:, None], key_a[None, :], k)
+        k = tl.where((own == slot_a)[:, None], key_a.to(k.dtype)[None, :], k)
     if NEW > 1:
-        k = tl.where((own == slot_b)[:, None], key_b[None, :], k)
-    return k, valid
+        k = tl.where((own == slot_b)[:, None], key_b.to(k.dtype)[None, :], k)
+    return k
 
 
 @triton.jit
@@ -379,10 +383,9 @@ def mega_attention_kernel(
     ``NEW`` tokens itself. The program of (token j, head tile 0, split 0) makes token j's key from
     its row of ``qkv`` (kv norm, RoPE: ``kv_normed_tl``) and writes its record at ``slot_ptr[j]``
     and its kv seam row; every program whose split holds that slot makes the same key and uses
-    it in place of the record, which it may read before or while it is written. Before the PDL
-    wait such a launch reads only the key table and asks the L2 for its split's records
-    (``PREFETCH``): no record is read into registers before the wait, since a record a previous
-    step inserted is complete only once the chain before this launch is."""
+    it in place of the record, which it may read before or while it is written. Without
+    ``EARLY`` it reads only the key table and asks the L2 for its split's records (``PREFETCH``)
+    before the PDL wait."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -402,31 +405,33 @@ def mega_attention_kernel(
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
     table_row = table_ptr + token.to(tl.int64) * KEYS
     slot_a, key_a, slot_b, key_b = -2, 0.0, -2, 0.0  # the new tokens' slots and keys (NEW)
-    if NEW > 0:
-        tl.static_assert(not EARLY and NEW <= 2, "an inserting launch reads keys after its wait")
-        ahead = record_row_ptrs_tl(table_row, split * KEYS_PER_SPLIT, win_ptr, comp_ptr,
-                                   window_slots, compressed_slots, KEYS, FMT, WIN_BLOCK,
-                                   COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
-        if PREFETCH:
-            prefetch_records_tl(ahead[0], ahead[1], ahead[2], FMT)
-        inserts = ((pid % TILES) == 0) & (split == 0)  # (token, head tile 0, split 0)
-        slot_a, cs_a, sn_a = _new_token_tl(0, pos_ptr, slot_ptr, window_slots, max_pos, cos_ptr,
-                                           sin_ptr)  # fmt: skip
-        need_a = (inserts & (token == 0)) | (tl.max((ahead[3] == slot_a).to(tl.int32)) > 0)
-        if NEW > 1:
-            slot_b, cs_b, sn_b = _new_token_tl(1, pos_ptr, slot_ptr, window_slots, max_pos,
-                                               cos_ptr, sin_ptr)  # fmt: skip
-            need_b = (inserts & (token == 1)) | (tl.max((ahead[3] == slot_b).to(tl.int32)) > 0)
     if EARLY:
         tl.static_assert(KEYS_PER_SPLIT == BK, "an early split is one key block")
-        k_early, valid_early = _key_block_tl(table_row, split * BK,
-                                             win_ptr, comp_ptr, window_slots, compressed_slots,
-                                             KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                             ALIGNED)  # fmt: skip
+        k_early, valid_early, own = _key_block_tl(table_row, split * BK, win_ptr, comp_ptr,
+                                                  window_slots, compressed_slots, KEYS, FMT,
+                                                  WIN_BLOCK, COMP_BLOCK, BK,
+                                                  ALIGNED)  # fmt: skip
         if TRACE:
             _stamp_tl(stamps, 1, k_early)
         if DOT_BF16:  # the dot's bf16 keys made before the wait too (exact, as in _key_step_tl)
             k_early = k_early.to(tl.bfloat16)
+    if NEW > 0:  # which new keys this program makes, from its split's window slots
+        tl.static_assert(NEW <= 2, "an attention launch inserts one or two tokens' records")
+        if not EARLY:
+            ahead = record_row_ptrs_tl(table_row, split * KEYS_PER_SPLIT, win_ptr, comp_ptr,
+                                       window_slots, compressed_slots, KEYS, FMT, WIN_BLOCK,
+                                       COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
+            own = ahead[3]
+            if PREFETCH:
+                prefetch_records_tl(ahead[0], ahead[1], ahead[2], FMT)
+        inserts = ((pid % TILES) == 0) & (split == 0)  # (token, head tile 0, split 0)
+        slot_a, cs_a, sn_a = _new_token_tl(0, pos_ptr, slot_ptr, window_slots, max_pos, cos_ptr,
+                                           sin_ptr)  # fmt: skip
+        need_a = (inserts & (token == 0)) | (tl.max((own == slot_a).to(tl.int32)) > 0)
+        if NEW > 1:
+            slot_b, cs_b, sn_b = _new_token_tl(1, pos_ptr, slot_ptr, window_slots, max_pos,
+                                               cos_ptr, sin_ptr)  # fmt: skip
+            need_b = (inserts & (token == 1)) | (tl.max((own == slot_b).to(tl.int32)) > 0)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
@@ -462,19 +467,22 @@ def mega_attention_kernel(
     l_i = tl.zeros((HT,), tl.float32)
     acc = tl.zeros((HT, _HEAD_DIM), tl.float32)
     if EARLY:  # the split's one block, read before the wait
+        k_early = _swap_new_tl(k_early, own, NEW, slot_a, key_a, slot_b, key_b)
         m_i, l_i, acc = _key_step_tl(q, k_early, valid_early, m_i, l_i, acc, qk_scale, QK_SPLIT,
                                      DOT_BF16, True)  # fmt: skip
     elif NEW > 0 and KEYS_PER_SPLIT == BK:  # one block read after the wait: no loop to pipeline
-        k, valid = _key_block_tl(table_row, split * BK, win_ptr, comp_ptr, window_slots,
-                                 compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK, ALIGNED,
-                                 NEW, slot_a, key_a, slot_b, key_b)  # fmt: skip
+        k, valid, own = _key_block_tl(table_row, split * BK, win_ptr, comp_ptr, window_slots,
+                                      compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                      ALIGNED)  # fmt: skip
+        k = _swap_new_tl(k, own, NEW, slot_a, key_a, slot_b, key_b)
         m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT, DOT_BF16,
                                      True)  # fmt: skip
     else:
         for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
-            k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
-                                     compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                     ALIGNED, NEW, slot_a, key_a, slot_b, key_b)  # fmt: skip
+            k, valid, own = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
+                                          compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                          ALIGNED)  # fmt: skip
+            k = _swap_new_tl(k, own, NEW, slot_a, key_a, slot_b, key_b)
             m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT,
                                          DOT_BF16, False)  # fmt: skip
     if TRACE:
@@ -752,13 +760,13 @@ def mega_attention(
     - ``splits``: key-table splits (whole blocks of 16 keys, so at most this many) a (token, head
       tile) uses; None picks enough to fill the GPU.
     - ``records_ready``: no kernel that may still run when this launch starts writes the
-      caches (the caller ordered the record insert before it with a full stream dependency);
-      by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
-      PDL wait (``early_keys``).
+      caches (the caller ordered the record insert before it with a full stream dependency, or
+      the insert is this launch's and the kernel before it releases it only after its own PDL
+      wait); by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys
+      before the PDL wait (``early_keys``).
     - ``insert``: the step's new records (at most ``INSERT_MAX_TOKENS`` tokens), which this
       launch makes from ``insert.qkv``, writes into ``window_cache`` (and ``insert.kv``) and
-      attends to, instead of a norm kernel before it (the kernel's ``NEW``); no other kernel
-      then writes the caches, and ``records_ready`` is not used.
+      attends to, in place of any record of those slots it reads (the kernel's ``NEW``).
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -826,7 +834,7 @@ def mega_attention(
     comp = compressed_cache if compressed_cache is not None else window_cache
     xo_bytes = xo.view(torch.uint8)
     pdl = pdl_enabled(tokens)
-    early = insert is None and records_ready and keys_per_split == KEY_BLOCK and early_keys()
+    early = records_ready and keys_per_split == KEY_BLOCK and early_keys()
     aligned = rows_aligned(window_cache, comp)
     trace = trace_buffer
     ch = combine_heads()
