@@ -33,7 +33,6 @@ is broken) uses fp32 operands.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -50,11 +49,8 @@ from dsv41.common.kv_records_tl import (
     fmt_id,
     load_records_tl,
     record_offsets_tl,
-    store_record_tl,
-    stored_keys_tl,
 )
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
-from dsv41.common.norm_tl import kv_angles_tl, kv_normed_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
@@ -102,7 +98,6 @@ ATTN_WARPS = 4
 QK_SEGMENTS = 4
 QK_SEGMENTS_TILES = 16
 LOG2_E = math.log2(math.e)
-INSERT_MAX_TOKENS = 2  # new tokens an attention launch inserts itself (``RecordInsert``)
 # The record prefetch (``prefetch_records_tl``), a predicated PTX bulk prefetch to L2 of a record's
 # contiguous bytes: fp8_ds_mla's 576-B data row (and its scale row's line), fp8_mx's 528-B record.
 _PREFETCH_DS_MLA = tl.constexpr(
@@ -198,7 +193,7 @@ def _record_ptrs_tl(table_row, kk, live, win_ptr, comp_ptr, window_slots, compre
                     ALIGNED: tl.constexpr):  # fmt: skip
     """The records of key-table entries ``kk`` (read where ``live``): uint8 pointers to each
     one's data row (16-B aligned when ``ALIGNED``) and scale codes, in the compressed or the
-    window cache, which are valid, and each entry's window slot (-1: none, or not valid)."""
+    window cache, and which are valid."""
     entries = tl.load(table_row + kk, mask=live, other=-1)
     is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
     win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
@@ -207,7 +202,7 @@ def _record_ptrs_tl(table_row, kk, live, win_ptr, comp_ptr, window_slots, compre
     if ALIGNED:  # every data row starts 16-B aligned in both caches: 16-B loads
         data_ptrs = tl.multiple_of(data_ptrs, 16)
     code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
-    return data_ptrs, code_ptrs, valid, tl.where(valid & ~is_comp, slots, -1)
+    return data_ptrs, code_ptrs, valid
 
 
 @triton.jit
@@ -215,25 +210,12 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
                   KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
                   COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
                   ALIGNED: tl.constexpr):  # fmt: skip
-    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]``, which are valid, and their
-    window slots (-1: none)."""
+    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
     kk = k0 + tl.arange(0, BK)
-    data_ptrs, code_ptrs, valid, own = _record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr,
-                                                       comp_ptr, window_slots, compressed_slots,
-                                                       FMT, WIN_BLOCK, COMP_BLOCK,
-                                                       ALIGNED)  # fmt: skip
-    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid, own
-
-
-@triton.jit
-def _swap_new_tl(k, own, NEW: tl.constexpr, slot_a, key_a, slot_b, key_b):
-    """Keys ``k [BK, 512]`` of window slots ``own [BK]`` with the step's ``NEW`` new keys in place
-    of their records: ``key_a [512]`` where the slot is ``slot_a``, ``key_b`` where ``slot_b``."""
-    if NEW > 0:
-        k = tl.where((own == slot_a)[:, None], key_a.to(k.dtype)[None, :], k)
-    if NEW > 1:
-        k = tl.where((own == slot_b)[:, None], key_b.to(k.dtype)[None, :], k)
-    return k
+    data_ptrs, code_ptrs, valid = _record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
+                                                  window_slots, compressed_slots, FMT, WIN_BLOCK,
+                                                  COMP_BLOCK, ALIGNED)  # fmt: skip
+    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
 
 
 @triton.jit
@@ -242,9 +224,8 @@ def record_row_ptrs_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, comp
                        COMP_BLOCK: tl.constexpr, N: tl.constexpr,
                        N_PAD: tl.constexpr):  # fmt: skip
     """The records of keys ``k_start .. k_start + N`` of a key-table row (16-B aligned data rows
-    only), ``[N_PAD]`` (a power of two >= N): data row and scale code pointers, which are
-    valid, and their window slots (``_record_ptrs_tl``). What ``prefetch_records_tl`` asks the
-    L2 for."""
+    only), ``[N_PAD]`` (a power of two >= N): data row and scale code pointers, and which are
+    valid. What ``prefetch_records_tl`` asks the L2 for."""
     kk = k_start + tl.arange(0, N_PAD)
     return _record_ptrs_tl(table_row, kk, (kk < KEYS) & (kk < k_start + N), win_ptr, comp_ptr,
                            window_slots, compressed_slots, FMT, WIN_BLOCK, COMP_BLOCK,
@@ -269,38 +250,6 @@ def prefetch_records_tl(data, codes, valid, FMT: tl.constexpr):
             _PREFETCH_MX, "=r,l,r", [data.to(tl.int64), valid.to(tl.int32)], dtype=tl.int32,
             is_pure=False, pack=1,
         )  # fmt: skip
-
-
-@triton.jit
-def _new_token_tl(j, pos_ptr, slot_ptr, window_slots, max_pos, cos_ptr, sin_ptr):
-    """New token ``j``'s window slot (-2 where its record is not inserted, so no key-table entry
-    matches it) and its key's RoPE angles (``kv_angles_tl``). Nothing in a step writes them:
-    read before the PDL wait."""
-    slot = tl.load(slot_ptr + j).to(tl.int64)
-    slot = tl.where((slot >= 0) & (slot < window_slots), slot, -2)
-    pos = tl.load(pos_ptr + j).to(tl.int64)
-    cs, sn = kv_angles_tl(pos, max_pos, cos_ptr, sin_ptr, _HEAD_DIM, _NOPE, _HALF_ROPE)
-    return slot, cs, sn
-
-
-@triton.jit
-def _insert_tl(j, needed, writes, qkv_ptr, stride_qkv, kv_norm_ptr, cs, sn, eps, slot_ptr,
-               win_ptr, window_slots, kv_out_ptr, Q_RANK: tl.constexpr, FMT: tl.constexpr,
-               WIN_BLOCK: tl.constexpr):  # fmt: skip
-    """New token ``j``'s key as ``load_records_tl`` would read its record back, fp32 ``[512]``
-    (zeros unless ``needed``), from its row of ``qkv`` (which wq_b's wait has made visible); where
-    ``writes``, also its row of the kv seam and its record in the window cache."""
-    key = tl.zeros((_HEAD_DIM,), tl.float32)
-    if needed:
-        kv = kv_normed_tl(qkv_ptr + j * stride_qkv + Q_RANK, kv_norm_ptr, cs, sn, eps, _HEAD_DIM,
-                          _NOPE)  # fmt: skip
-        row = tl.reshape(kv, (1, _HEAD_DIM))
-        key = tl.reshape(stored_keys_tl(row, FMT), (_HEAD_DIM,))
-        if writes:
-            tl.store(kv_out_ptr + j * _HEAD_DIM + tl.arange(0, _HEAD_DIM), kv.to(tl.bfloat16))
-            slot = tl.load(slot_ptr + j + tl.arange(0, 1)).to(tl.int64)
-            store_record_tl(win_ptr, slot, row, window_slots, WIN_BLOCK, FMT)
-    return key
 
 
 @triton.jit
@@ -368,8 +317,6 @@ def mega_attention_kernel(
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
     trace_ptr=None, TRACE: tl.constexpr = False,
-    qkv_ptr=None, kv_norm_ptr=None, slot_ptr=None, kv_out_ptr=None, stride_qkv=0, eps=0.0,
-    NEW: tl.constexpr = 0, Q_RANK: tl.constexpr = 0,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -377,15 +324,7 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row.
-
-    ``NEW`` (1 or 2; ``mega_attention``'s ``insert``): the launch inserts the records of the step's
-    ``NEW`` tokens itself. The program of (token j, head tile 0, split 0) makes token j's key from
-    its row of ``qkv`` (kv norm, RoPE: ``kv_normed_tl``) and writes its record at ``slot_ptr[j]``
-    and its kv seam row; every program whose split holds that slot makes the same key and uses
-    it in place of the record, which it may read before or while it is written. Without
-    ``EARLY`` it reads only the key table and asks the L2 for its split's records (``PREFETCH``)
-    before the PDL wait."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -403,44 +342,24 @@ def mega_attention_kernel(
     pos = tl.load(pos_ptr + token).to(tl.int64)
     cos_a, sin_a = _rope_angles_tl(0, pos, max_pos, cos_ptr, sin_ptr, _HEAD_DIM)
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
-    table_row = table_ptr + token.to(tl.int64) * KEYS
-    slot_a, key_a, slot_b, key_b = -2, 0.0, -2, 0.0  # the new tokens' slots and keys (NEW)
     if EARLY:
         tl.static_assert(KEYS_PER_SPLIT == BK, "an early split is one key block")
-        k_early, valid_early, own = _key_block_tl(table_row, split * BK, win_ptr, comp_ptr,
-                                                  window_slots, compressed_slots, KEYS, FMT,
-                                                  WIN_BLOCK, COMP_BLOCK, BK,
-                                                  ALIGNED)  # fmt: skip
+        k_early, valid_early = _key_block_tl(table_ptr + token.to(tl.int64) * KEYS, split * BK,
+                                             win_ptr, comp_ptr, window_slots, compressed_slots,
+                                             KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                             ALIGNED)  # fmt: skip
         if TRACE:
             _stamp_tl(stamps, 1, k_early)
         if DOT_BF16:  # the dot's bf16 keys made before the wait too (exact, as in _key_step_tl)
             k_early = k_early.to(tl.bfloat16)
-    if NEW > 0:  # which new keys this program makes, from its split's window slots
-        tl.static_assert(NEW <= 2, "an attention launch inserts one or two tokens' records")
-        if not EARLY:
-            ahead = record_row_ptrs_tl(table_row, split * KEYS_PER_SPLIT, win_ptr, comp_ptr,
-                                       window_slots, compressed_slots, KEYS, FMT, WIN_BLOCK,
-                                       COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
-            own = ahead[3]
-            if PREFETCH:
-                prefetch_records_tl(ahead[0], ahead[1], ahead[2], FMT)
-        inserts = ((pid % TILES) == 0) & (split == 0)  # (token, head tile 0, split 0)
-        slot_a, cs_a, sn_a = _new_token_tl(0, pos_ptr, slot_ptr, window_slots, max_pos, cos_ptr,
-                                           sin_ptr)  # fmt: skip
-        need_a = (inserts & (token == 0)) | (tl.max((own == slot_a).to(tl.int32)) > 0)
-        if NEW > 1:
-            slot_b, cs_b, sn_b = _new_token_tl(1, pos_ptr, slot_ptr, window_slots, max_pos,
-                                               cos_ptr, sin_ptr)  # fmt: skip
-            need_b = (inserts & (token == 1)) | (tl.max((own == slot_b).to(tl.int32)) > 0)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
     if PREFETCH:
         tl.static_assert(ALIGNED and not EARLY, "a bulk prefetch takes 16-B aligned rows")
-    if PREFETCH and NEW == 0:  # (an inserting launch asked before its wait)
-        ahead = record_row_ptrs_tl(table_row, split * KEYS_PER_SPLIT, win_ptr, comp_ptr,
-                                   window_slots, compressed_slots, KEYS, FMT, WIN_BLOCK,
-                                   COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
+        ahead = record_row_ptrs_tl(table_ptr + token.to(tl.int64) * KEYS, split * KEYS_PER_SPLIT,
+                                   win_ptr, comp_ptr, window_slots, compressed_slots, KEYS, FMT,
+                                   WIN_BLOCK, COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
         prefetch_records_tl(ahead[0], ahead[1], ahead[2], FMT)
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
@@ -454,35 +373,19 @@ def mega_attention_kernel(
         q = bf16_round_tl(q)
     if TRACE:
         _stamp_tl(stamps, 3, q.to(tl.float32))
-    if NEW > 0:
-        key_a = _insert_tl(0, need_a, inserts & (token == 0), qkv_ptr, stride_qkv, kv_norm_ptr,
-                           cs_a, sn_a, eps, slot_ptr, win_ptr, window_slots, kv_out_ptr, Q_RANK,
-                           FMT, WIN_BLOCK)  # fmt: skip
-    if NEW > 1:
-        key_b = _insert_tl(1, need_b, inserts & (token == 1), qkv_ptr, stride_qkv, kv_norm_ptr,
-                           cs_b, sn_b, eps, slot_ptr, win_ptr, window_slots, kv_out_ptr, Q_RANK,
-                           FMT, WIN_BLOCK)  # fmt: skip
 
     m_i = tl.full((HT,), -float("inf"), tl.float32)  # running max of s * log2(e)
     l_i = tl.zeros((HT,), tl.float32)
     acc = tl.zeros((HT, _HEAD_DIM), tl.float32)
     if EARLY:  # the split's one block, read before the wait
-        k_early = _swap_new_tl(k_early, own, NEW, slot_a, key_a, slot_b, key_b)
         m_i, l_i, acc = _key_step_tl(q, k_early, valid_early, m_i, l_i, acc, qk_scale, QK_SPLIT,
                                      DOT_BF16, True)  # fmt: skip
-    elif NEW > 0 and KEYS_PER_SPLIT == BK:  # one block read after the wait: no loop to pipeline
-        k, valid, own = _key_block_tl(table_row, split * BK, win_ptr, comp_ptr, window_slots,
-                                      compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                      ALIGNED)  # fmt: skip
-        k = _swap_new_tl(k, own, NEW, slot_a, key_a, slot_b, key_b)
-        m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT, DOT_BF16,
-                                     True)  # fmt: skip
     else:
+        table_row = table_ptr + token.to(tl.int64) * KEYS
         for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
-            k, valid, own = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
-                                          compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                          ALIGNED)  # fmt: skip
-            k = _swap_new_tl(k, own, NEW, slot_a, key_a, slot_b, key_b)
+            k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
+                                     compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                     ALIGNED)  # fmt: skip
             m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT,
                                          DOT_BF16, False)  # fmt: skip
     if TRACE:
@@ -658,61 +561,9 @@ def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
     return max(1, -(-keys // keys_per_split)), keys_per_split
 
 
-@dataclasses.dataclass(frozen=True)
-class RecordInsert:
-    """The step's new records, for an attention launch that inserts them itself
-    (``mega_attention``'s ``insert``): what the norm kernel's kv half reads and writes."""
-
-    qkv: torch.Tensor  # bf16 [M, q_rank + 512], Wqkv's output (unit last stride); kv: q_rank..
-    kv_norm: torch.Tensor  # [512]: the kv RMSNorm's weight
-    slot_mapping: torch.Tensor  # int32 / int64 [M]: window-cache slots (outside the cache: none)
-    kv: torch.Tensor  # bf16 [M, 512] contiguous: the kv seam, written
-    eps: float
-
-
-def insert_in_attention() -> bool:
-    """Whether a step of at most ``INSERT_MAX_TOKENS`` tokens whose wq_b normalises qr itself
-    leaves the record insert to attention (``RecordInsert``) instead of a norm kernel on a side
-    stream: ``DSV41_ATTN_INSERT`` (1 or 0), on by default."""
-    return env_flag("DSV41_ATTN_INSERT", True)
-
-
-def _check_insert(insert: RecordInsert, tokens: int, device) -> None:
-    if tokens > INSERT_MAX_TOKENS:
-        raise ValueError(f"insert: expected at most {INSERT_MAX_TOKENS} tokens, got {tokens}")
-    q_rank = insert.qkv.shape[-1] - HEAD_DIM
-    if (insert.qkv.dtype != torch.bfloat16 or insert.qkv.dim() != 2 or q_rank < 0
-            or insert.qkv.shape[0] != tokens or insert.qkv.stride(-1) != 1):  # fmt: skip
-        raise ValueError(f"insert.qkv: expected bfloat16 [{tokens}, q_rank + {HEAD_DIM}] "
-                         f"(unit last stride), got {insert.qkv.dtype} "
-                         f"{list(insert.qkv.shape)}")  # fmt: skip
-    if not insert.kv_norm.is_floating_point() or tuple(insert.kv_norm.shape) != (HEAD_DIM,):
-        raise ValueError(f"insert.kv_norm: expected a float [{HEAD_DIM}], "
-                         f"got {insert.kv_norm.dtype} {list(insert.kv_norm.shape)}")  # fmt: skip
-    _check("insert.slot_mapping", insert.slot_mapping, (torch.int32, torch.int64), (tokens,))
-    _check("insert.kv", insert.kv, (torch.bfloat16,), (tokens, HEAD_DIM))
-    for name in ("qkv", "kv_norm", "slot_mapping", "kv"):
-        t = getattr(insert, name)
-        if t.device != device:
-            raise ValueError(
-                f"insert.{name}: expected a tensor on {device} (q_fused's device), got {t.device}"
-            )
-
-
 def rows_aligned(*caches: PagedKVCache) -> bool:
     """Whether every record's data row starts 16-B aligned in all these caches."""
     return all(data_rows_aligned(c) for c in caches)
-
-
-def _insert_args(insert: RecordInsert | None, placeholder: torch.Tensor) -> dict:
-    """The kernel's ``insert`` arguments (``placeholder`` for pointers it never reads without)."""
-    if insert is None:
-        return {"qkv_ptr": placeholder, "kv_norm_ptr": placeholder, "slot_ptr": placeholder,
-                "kv_out_ptr": placeholder}  # fmt: skip
-    return {"qkv_ptr": insert.qkv, "kv_norm_ptr": insert.kv_norm,
-            "slot_ptr": insert.slot_mapping, "kv_out_ptr": insert.kv,
-            "stride_qkv": insert.qkv.stride(0), "eps": insert.eps, "NEW": insert.kv.shape[0],
-            "Q_RANK": insert.qkv.shape[1] - HEAD_DIM}  # fmt: skip
 
 
 def _check(
@@ -742,7 +593,6 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
-    insert: RecordInsert | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -760,13 +610,9 @@ def mega_attention(
     - ``splits``: key-table splits (whole blocks of 16 keys, so at most this many) a (token, head
       tile) uses; None picks enough to fill the GPU.
     - ``records_ready``: no kernel that may still run when this launch starts writes the
-      caches (the caller ordered the record insert before it with a full stream dependency, or
-      the insert is this launch's and the kernel before it releases it only after its own PDL
-      wait); by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys
-      before the PDL wait (``early_keys``).
-    - ``insert``: the step's new records (at most ``INSERT_MAX_TOKENS`` tokens), which this
-      launch makes from ``insert.qkv``, writes into ``window_cache`` (and ``insert.kv``) and
-      attends to, in place of any record of those slots it reads (the kernel's ``NEW``).
+      caches (the caller ordered the record insert before it with a full stream dependency);
+      by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
+      PDL wait (``early_keys``).
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -809,8 +655,6 @@ def mega_attention(
             raise ValueError(
                 f"{name}: expected a tensor on {device} (q_fused's device), got {t.device}"
             )
-    if insert is not None:
-        _check_insert(insert, tokens, device)
 
     keys = key_table.shape[1]
     blocks = max(1, -(-keys // KEY_BLOCK))
@@ -854,12 +698,11 @@ def mega_attention(
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
-        PREFETCH=aligned and not early and (keys_per_split > KEY_BLOCK or insert is not None)
-        and prefetch_records(),
+        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        **_insert_args(insert, lse), **pdl_launch_options(pdl),
+        **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)

@@ -333,12 +333,10 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
-    WAIT_FIRST: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
-    hardware's conversions. ``WAIT_FIRST``: the next kernel launches only after this one's PDL
-    wait (``pdl_prologue_tl``)."""
+    hardware's conversions."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -362,7 +360,7 @@ def mx_gemm_kernel(
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
-    pdl_prologue_tl(USE_PDL, WAIT_FIRST)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -743,7 +741,6 @@ def mx_gemm(
     n_per_group: int | None = None,
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
-    wait_first: bool = False,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -755,8 +752,6 @@ def mx_gemm(
     32])``, when given, receives the MXFP8 cast of the bf16 out. ``a8_out`` (the same
     formats, ``[M, K]``), when given with a bf16 ``a`` on the CUDA-core loop, receives the
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
-    ``wait_first`` (with PDL): the next kernel launches only once this one's wait is over, so
-    every kernel before this one has completed when it starts (``pdl_prologue_tl``).
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -903,7 +898,6 @@ def mx_gemm(
         num_stages=cfg.num_stages,
         **geo,
         USE_PDL=pdl,
-        WAIT_FIRST=pdl and wait_first,
         K_STEPS=cfg.k_steps,
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
