@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -924,4 +924,24 @@ if [ "$what" = s18c ]; then
   for r in 1 2; do ab DSV41_ATTN_INSERT "1 0" --backend nvidia --tp 4 --tokens 1,2; done
   ab DSV41_ATTN_INSERT "1 0" --backend nvidia --tp 2 --tokens 1,2
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
+fi
+if [ "$what" = s18d ]; then
+  # Session 18, call 4 (about 6 minutes): the attention insert again, the new keys now in a
+  # split of their own (the other splits skip those slots: no program does both), and wq_b's
+  # programs asking the L2 for attention's records before their wait (DSV41_WQB_PREFETCH).
+  # nvidia's step tests and attention's (both on, the defaults); A/B of the four combinations
+  # twice at tp 4 (one and two tokens), both on and both off at tp 2; the attention trace.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py -k "step_matches or graph or insert or matches_reference" \
+    --timeout 190 2>&1 | tail -3
+  for r in 1 2; do
+    for s in "DSV41_ATTN_INSERT=1 DSV41_WQB_PREFETCH=1" "DSV41_ATTN_INSERT=1 DSV41_WQB_PREFETCH=0" \
+      "DSV41_ATTN_INSERT=0 DSV41_WQB_PREFETCH=1" "DSV41_ATTN_INSERT=0 DSV41_WQB_PREFETCH=0"; do
+      v "$s" --backend nvidia --tp 4 --tokens 1,2
+    done
+  done
+  for s in "DSV41_ATTN_INSERT=1 DSV41_WQB_PREFETCH=1" "DSV41_ATTN_INSERT=0 DSV41_WQB_PREFETCH=0"; do
+    v "$s" --backend nvidia --tp 2 --tokens 1,2
+  done
+  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -4
 fi

@@ -63,6 +63,7 @@ from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
+from dsv41.nvidia.ops.record_prefetch import RecordsAhead, prefetch_share_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
@@ -333,10 +334,24 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
+    WAIT_FIRST: tl.constexpr = False,
+    rp_table_ptr=None,
+    rp_win_ptr=None,
+    rp_comp_ptr=None,
+    rp_window_slots=0,
+    rp_comp_slots=0,
+    RP_PER: tl.constexpr = 0,
+    RP_PAD: tl.constexpr = 1,
+    RP_TOTAL: tl.constexpr = 0,
+    RP_FMT: tl.constexpr = 0,
+    RP_WIN_BLOCK: tl.constexpr = 1,
+    RP_COMP_BLOCK: tl.constexpr = 1,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
-    hardware's conversions."""
+    hardware's conversions. ``WAIT_FIRST``: the next kernel launches only after this one's PDL
+    wait (``pdl_prologue_tl``). ``RP_PER`` > 0: before the wait each program asks the L2 for
+    its share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -360,7 +375,12 @@ def mx_gemm_kernel(
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
-    pdl_prologue_tl(USE_PDL)
+    if RP_PER > 0:  # the key table is a step input and no record is read: safe before the wait
+        pid = (pid_m * SPLIT_K + pid_k) * tl.num_programs(0) + pid_n
+        prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slots,
+                          rp_comp_slots, RP_PER, RP_PAD, RP_TOTAL, RP_FMT, RP_WIN_BLOCK,
+                          RP_COMP_BLOCK)  # fmt: skip
+    pdl_prologue_tl(USE_PDL, WAIT_FIRST)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -741,6 +761,8 @@ def mx_gemm(
     n_per_group: int | None = None,
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
+    wait_first: bool = False,
+    records: RecordsAhead | None = None,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -752,6 +774,10 @@ def mx_gemm(
     32])``, when given, receives the MXFP8 cast of the bf16 out. ``a8_out`` (the same
     formats, ``[M, K]``), when given with a bf16 ``a`` on the CUDA-core loop, receives the
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
+    ``wait_first`` (with PDL): the next kernel launches only once this one's wait is over, so
+    every kernel before this one has completed when it starts (``pdl_prologue_tl``).
+    ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
+    the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -898,10 +924,13 @@ def mx_gemm(
         num_stages=cfg.num_stages,
         **geo,
         USE_PDL=pdl,
+        WAIT_FIRST=pdl and wait_first,
         K_STEPS=cfg.k_steps,
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
+        **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
+           and not interpreting() else {}),
         **pdl_launch_options(pdl),
     )
     return out

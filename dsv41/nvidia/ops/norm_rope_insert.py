@@ -25,9 +25,10 @@ from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.norm_tl import kv_angles_tl, kv_normed_tl, rms_factor_tl
 from dsv41.common.switches import env_flag
-from dsv41.nvidia.ops.mega_attention import prefetch_records_tl, record_row_ptrs_tl, rows_aligned
+from dsv41.nvidia.ops.mega_attention import rows_aligned
 from dsv41.nvidia.ops.mx_gemm import interpreting
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
+from dsv41.nvidia.ops.record_prefetch import prefetch_records_tl, record_row_ptrs_tl
 
 
 @triton.jit
@@ -77,7 +78,7 @@ def norm_rope_insert_kernel(
     cs, sn = kv_angles_tl(pos, max_pos, cos_ptr, sin_ptr, KV_DIM, NOPE, HALF_ROPE)
     slot = tl.load(slot_ptr + t + tl.arange(0, 1)).to(tl.int64)
     if KEYS > 0:  # the table read now, its records asked for last: nothing waits for the read
-        rows, codes, valid = record_row_ptrs_tl(table_ptr + t.to(tl.int64) * KEYS, 0, cache_ptr,
+        rows, codes, valid, _ = record_row_ptrs_tl(table_ptr + t.to(tl.int64) * KEYS, 0, cache_ptr,
                                                 comp_ptr, num_slots, comp_slots, KEYS, FMT,
                                                 BLOCK_TOKENS, COMP_BLOCK, KEYS,
                                                 KEYS_PAD)  # fmt: skip
