@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -944,4 +944,13 @@ if [ "$what" = s18d ]; then
     v "$s" --backend nvidia --tp 2 --tokens 1,2
   done
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -4
+fi
+if [ "$what" = s18e ]; then
+  # Session 18, call 5 (about 4 minutes; the attention insert removed after s18d): the final
+  # tree, wq_b asking the L2 for attention's records (DSV41_WQB_PREFETCH, on): nvidia's step
+  # tests; A/B once at each share, one and two tokens; nvidia's tables at both shares.
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    -k "step_matches or graph" --timeout 140 2>&1 | tail -3
+  for tp in 4 2; do ab DSV41_WQB_PREFETCH "1 0" --backend nvidia --tp $tp --tokens 1,2; done
+  tables nvidia
 fi

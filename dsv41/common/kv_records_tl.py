@@ -152,37 +152,6 @@ def load_keys_tl(
 
 
 @triton.jit
-def _record_values_tl(kv, FMT: tl.constexpr):
-    """A record's quantization of fp32 ``kv [R, 512]``: its e4m3 values as fp32 ``[R, 512]`` and
-    its E8M0 codes int32 ``[R, 512 / group]`` (fp8_ds_mla: the last group, the rope dims, is
-    not stored quantized; its code is computed and ignored)."""
-    R: tl.constexpr = kv.shape[0]
-    GROUP: tl.constexpr = _DS_MLA_GROUP if FMT == FMT_DS_MLA else _MX_GROUP
-    NG: tl.constexpr = _KV_DIM // GROUP
-    blocks = tl.reshape(kv, (R, NG, GROUP))
-    code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
-    scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
-    scaled = e4m3_round_tl(tl.minimum(tl.maximum(scaled, -_E4M3_MAX), _E4M3_MAX))
-    return tl.reshape(scaled, (R, _KV_DIM)), code
-
-
-@triton.jit
-def stored_keys_tl(kv, FMT: tl.constexpr):
-    """fp32 ``[R, 512]``: the keys ``load_records_tl`` reads back from the records
-    ``store_record_tl`` writes for fp32 ``kv [R, 512]`` (bf16 values), computed without a
-    memory round trip; equal bit for bit."""
-    R: tl.constexpr = kv.shape[0]
-    GROUP: tl.constexpr = _DS_MLA_GROUP if FMT == FMT_DS_MLA else _MX_GROUP
-    NG: tl.constexpr = _KV_DIM // GROUP
-    scaled, code = _record_values_tl(kv, FMT)
-    keys = tl.reshape(tl.reshape(scaled, (R, NG, GROUP)) * e8m0_scale_tl(code)[:, :, None],
-                      (R, _KV_DIM))  # fmt: skip
-    if FMT == FMT_DS_MLA:  # the rope dims are stored as bf16 (kv's own values)
-        keys = tl.where((tl.arange(0, _KV_DIM) < _NOPE_DIM)[None, :], keys, kv)
-    return keys
-
-
-@triton.jit
 def store_record_tl(cache_ptr, slots, kv, num_slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
     """Quantize fp32 ``kv [R, 512]`` and write its records at ``slots [R]`` (rows with slot outside
     ``[0, num_slots)`` are skipped), byte for byte as ``pack_records``.
@@ -190,14 +159,18 @@ def store_record_tl(cache_ptr, slots, kv, num_slots, BLOCK_TOKENS: tl.constexpr,
     ``kv`` should already hold the bf16 values the contract stores (the fp8_ds_mla
     rope dims are cast to bf16 here; the nope dims are quantized from kv as given).
     """
+    R: tl.constexpr = kv.shape[0]
     GROUP: tl.constexpr = _DS_MLA_GROUP if FMT == FMT_DS_MLA else _MX_GROUP
     NG: tl.constexpr = _KV_DIM // GROUP
     data, codes_at = record_offsets_tl(slots, BLOCK_TOKENS, FMT)
     store = (slots >= 0) & (slots < num_slots)
     d = tl.arange(0, _KV_DIM)
     g = tl.arange(0, NG)
-    scaled, code = _record_values_tl(kv, FMT)
-    fp8 = scaled.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    blocks = tl.reshape(kv, (R, NG, GROUP))
+    code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
+    scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
+    scaled = e4m3_round_tl(tl.minimum(tl.maximum(scaled, -_E4M3_MAX), _E4M3_MAX))
+    fp8 = tl.reshape(scaled, (R, _KV_DIM)).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     if FMT == FMT_DS_MLA:
         is_nope = d < _NOPE_DIM
         tl.store(

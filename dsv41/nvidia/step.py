@@ -4,11 +4,12 @@
 2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;
 3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are).
    In the CUDA-core token buckets (M <= 2) wq_b normalises qr in its own prologue (A_NORM)
-   and attention makes the new keys and inserts their records itself (``attention_inserts``),
-   so there is no launch 2; with ``DSV41_ATTN_INSERT=0`` launch 2 (its kv half only) runs
-   beside wq_b on a side stream, joined before attention, and can ask the L2 for the records
-   attention reads next (``DSV41_NORM_PREFETCH=1``; off by default: slower on the H200);
-   ``DSV41_NORM_IN_WQB=0``: the chain above;
+   and launch 2 (its kv half only) runs beside it on a side stream, joined before attention,
+   so the norm kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain
+   above). There wq_b's programs ask the L2 for the records attention reads next before
+   their PDL wait (``wq_b_prefetches``), which makes attention's early key reads L2 hits; the
+   norm kernel can do the same after its stores (``DSV41_NORM_PREFETCH=1``; off by default:
+   slower on the H200);
 4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
    ``xo`` in the fused O layout;
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
@@ -34,13 +35,7 @@ from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
 from dsv41.common.switches import env_flag
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.mega_attention import (
-    INSERT_MAX_TOKENS,
-    RecordInsert,
-    attention_splits,
-    insert_in_attention,
-    mega_attention,
-)
+from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import (
     NormInput,
     Scratch,
@@ -122,16 +117,11 @@ def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
     return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
 
 
-def attention_inserts(m: int) -> bool:
-    """Whether a step of ``m`` tokens whose wq_b normalises qr itself leaves kv's norm, RoPE and
-    record insert to attention (``mega_attention``'s ``insert``): ``m`` is at most
-    ``INSERT_MAX_TOKENS`` and ``DSV41_ATTN_INSERT`` is not 0 (``insert_in_attention``)."""
-    return m <= INSERT_MAX_TOKENS and insert_in_attention()
-
-
 def wq_b_prefetches() -> bool:
-    """Whether wq_b's programs ask the L2 for attention's records before their wait (where wq_b
-    runs the CUDA-core loop, on the GPU): ``DSV41_WQB_PREFETCH`` (1 or 0), on by default."""
+    """Whether wq_b's programs ask the L2 for attention's records before their PDL wait, where
+    wq_b normalises qr itself (the one- and two-token CUDA-core loop; GPU only):
+    ``DSV41_WQB_PREFETCH`` (1 or 0), on by default. H200, session 18, tp 4, us a step on / off:
+    M = 1 25.3 / 25.3 against 25.7 / 25.9, M = 2 40.2 / 40.3 against 40.8 / 40.6."""
     return env_flag("DSV41_WQB_PREFETCH", True)
 
 
@@ -173,18 +163,7 @@ def launch_step(
         )  # fmt: skip
 
     side = None  # the side stream the norm kernel ran on, if any
-    insert = None  # the new records, where attention inserts them
-    ahead = None  # attention's records, for wq_b to ask the L2 for
-    if wq_b_prefetches():
-        ahead = RecordsAhead(key_table, window_cache, compressed_cache)
-    if norm_in_wq_b(layer, x.shape[0], x.device) and attention_inserts(x.shape[0]):
-        insert = RecordInsert(out.qkv, layer.kv_norm, slot_mapping, out.kv, model.eps)
-        qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
-        # wq_b releases attention only after its own wait: every record attention reads before
-        # its wait is then complete, but the new ones, which it makes itself.
-        mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                wait_first=True, records=ahead)  # fmt: skip
-    elif norm_in_wq_b(layer, x.shape[0], x.device):  # the norm kernel's kv half only
+    if norm_in_wq_b(layer, x.shape[0], x.device):  # the norm kernel's kv half only
         main = None
         if x.is_cuda:
             main = torch.cuda.current_stream(x.device)
@@ -198,6 +177,9 @@ def launch_step(
         else:
             norm(None)
         qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
+        ahead = None  # attention's records, which wq_b's programs ask the L2 for
+        if wq_b_prefetches():
+            ahead = RecordsAhead(key_table, window_cache, compressed_cache)
         mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
                 records=ahead)  # fmt: skip
         if side is not None:
@@ -221,9 +203,7 @@ def launch_step(
         softmax_scale=model.softmax_scale,
         heads_per_group=model.heads_per_group,
         splits=splits,
-        # the insert joined by an event, or attention's own after a wq_b that waited first
-        records_ready=side is not None or insert is not None,
-        insert=insert,
+        records_ready=side is not None,  # the insert joined by an event, not a PDL edge
     )
     if z_cast_in_wo_b(layer, x.shape[0], x.device):
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,

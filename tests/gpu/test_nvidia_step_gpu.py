@@ -81,36 +81,6 @@ def test_step_matches_reference(layer):
         assert same >= 0.999 * total, f"{name} codes: {same} of {total} equal"
 
 
-@pytest.mark.parametrize("m", [1, 2])
-def test_attention_insert_matches_the_norm_kernel(layer, m, monkeypatch):
-    """At one and two tokens attention makes the new keys and inserts their records itself
-    (``DSV41_ATTN_INSERT``, the default); qkv, q, the kv seam and every cache byte equal the
-    step's with the norm kernel on a side stream (``DSV41_ATTN_INSERT=0``), and its lse and y
-    agree (the new key is summed in its own split), then in a second step that reads the
-    records the first inserted."""
-    sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_ds_mla" if m == 1 else "fp8_mx",
-                       seed=20 + m, device=DEVICE)  # fmt: skip
-    runs = {}
-    for flag in ("1", "0"):
-        monkeypatch.setenv("DSV41_ATTN_INSERT", flag)
-        c = sc.clone_caches()
-        steps = []
-        for positions in (sc.positions, sc.positions + 1):
-            slots = sc.slot_mapping + (positions - sc.positions)  # the next slot of each page
-            steps.append(nvidia_step(layer, sc.x, positions, slots, sc.key_table, c.window_cache,
-                                     c.compressed_cache))  # fmt: skip
-        torch.cuda.synchronize()
-        runs[flag] = (steps, c.window_cache.data)
-    (got, got_cache), (want, want_cache) = runs["1"], runs["0"]
-    for g, w in zip(got, want):
-        for name in ("qkv", "kv", "q"):
-            assert torch.equal(g[name], w[name]), name
-        torch.testing.assert_close(g["lse"], w["lse"], rtol=1e-5, atol=1e-4)
-        assert rel(g["y"], w["y"]) <= 1e-2 and rel(g["z"], w["z"]) <= 1e-2
-        assert (g["xo"][1] == w["xo"][1]).float().mean() >= 0.99
-    assert torch.equal(got_cache, want_cache)
-
-
 @pytest.mark.parametrize("m", [1, 16, 32, 33, 48])
 def test_o_proj_matches_reference(layer, m):
     """Fused (m <= 32) and grouped paths: y of a random standard-layout o vs the reference tail."""

@@ -504,9 +504,9 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
           "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
-          "HW_E4M3": True, "WAIT_FIRST": sys.argv[2:3] == ["1"], "RP_PER": 0, "RP_PAD": 1,
-          "RP_TOTAL": 0, "RP_FMT": 0, "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
-if sys.argv[3:] == ["records"]:  # 640 entries of fp8_ds_mla records over 512 programs
+          "HW_E4M3": True, "RP_PER": 0, "RP_PAD": 1, "RP_TOTAL": 0, "RP_FMT": 0,
+          "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
+if sys.argv[2:] == ["records"]:  # 640 entries of fp8_ds_mla records over 512 programs
     consts.update(RP_PER=2, RP_PAD=2, RP_TOTAL=640)
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
@@ -529,19 +529,10 @@ print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", bef
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
-def test_wait_first_releases_the_next_launch_after_the_wait():
-    """A one-token GEMV compiled for SM90 lets the next kernel launch before its PDL wait; with
-    ``WAIT_FIRST`` (wq_b before an attention that inserts the records) only after it."""
-    default, wait_first = (ptx_facts(SM90_COMPILE, "gemv", flag) for flag in ("0", "1"))
-    assert 0 <= default["release"] < default["wait"], default
-    assert 0 <= wait_first["wait"] < wait_first["release"], wait_first
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
 def test_records_ahead_are_asked_of_the_l2_before_the_wait():
     """wq_b's CUDA-core loop compiled for SM90 with attention's records to ask for
     (``RecordsAhead``): bulk L2 prefetches before its PDL wait; none without."""
-    plain, ahead = (ptx_facts(SM90_COMPILE, "gemv", "0", r) for r in ("none", "records"))
+    plain, ahead = (ptx_facts(SM90_COMPILE, "gemv", r) for r in ("none", "records"))
     assert plain["l2_prefetch_before_wait"] == 0, plain
     assert ahead["l2_prefetch_before_wait"] >= 1 and ahead["waits"] == 1, ahead
 

@@ -24,7 +24,6 @@ from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import (
     COMBINE_WIDE_SPLITS,
     KEY_BLOCK,
-    RecordInsert,
     attention_splits,
     combine_heads,
     combine_programs,
@@ -34,7 +33,6 @@ from dsv41.nvidia.ops.mega_attention import (
     rows_aligned,
     score_segments,
 )
-from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
 
 FORMATS = ("fp8_ds_mla", "fp8_mx")
 WINDOW_LAYER, COMPRESSED_LAYER = 0, 1  # tiny: compress ratios [0, 1, 2]
@@ -353,11 +351,10 @@ from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
 fmt, prefetch = int(sys.argv[1]), sys.argv[2] == "1"
 consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
               KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
-              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False, NEW=0,
-              Q_RANK=0, KEYS_PAD=1024)
+              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
 kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
          "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
-         "part_stat_ptr": "*fp32", "qk_scale": "fp32", "eps": "fp32"}
+         "part_stat_ptr": "*fp32", "qk_scale": "fp32"}
 ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
 first_record = ptx.find("ld.global.v4")
 print(json.dumps({
@@ -398,89 +395,3 @@ def test_score_dot_in_segments_matches_the_reference(segments, monkeypatch) -> N
     monkeypatch.setenv("DSV41_ATTN_QK_SPLIT", "3")
     with pytest.raises(ValueError, match="DSV41_ATTN_QK_SPLIT: expected 1, 2, 4 or 8, got '3'"):
         _run(layer, sc, q_fused, splits=1)
-
-
-def _inserted(fmt: str, tokens: int, splits: int | str, ready: bool, insert_here: bool):
-    """A step's attention after its records are inserted, by the norm kernel first or by the
-    attention launch itself (``insert``): (xo, codes, lse), the kv seam and the window cache.
-    The new slots start holding other records (a stale page), so a key read from the cache
-    before the insert would show. With two tokens, token 1's table holds token 0's new slot in
-    place of its own (its record is still written), and token 0's holds token 1's in place of an
-    older key: the interpreter runs token 0's programs before token 1's, so they would read that
-    slot before it is written. With one token its table lists its new slot twice."""
-    layer, sc, _, q_fused = _step(2, COMPRESSED_LAYER, tokens, fmt)
-    m = layer.dims.model
-    sc = sc.clone_caches()
-    gen = torch.Generator().manual_seed(11)
-    sc.window_cache.insert(sc.slot_mapping, torch.randn(tokens, m.kv_dim, generator=gen).bfloat16())
-    qkv = (torch.randn(tokens, m.q_rank + m.kv_dim, generator=gen) * 3).bfloat16()
-    table = sc.key_table.clone()
-    if tokens == 2:
-        own = table[1] == sc.slot_mapping[1]
-        assert own.sum() == 1
-        table[1][own] = int(sc.slot_mapping[0])
-        older = (table[0] >= 0) & (table[0] != sc.slot_mapping[0])
-        table[0][older.nonzero()[0]] = int(sc.slot_mapping[1])
-    else:
-        older = (table[0] >= 0) & (table[0] != sc.slot_mapping[0])
-        table[0][older.nonzero()[0]] = int(sc.slot_mapping[0])
-        assert (table[0] == sc.slot_mapping[0]).sum() == 2
-    cos, sin = rope_tables(m, layer.layer_id)
-    if splits == "blocks":  # one key block a split
-        splits = -(-table.shape[1] // KEY_BLOCK)
-    kv = torch.full((tokens, m.kv_dim), float("nan"), dtype=torch.bfloat16)
-    insert = None
-    if insert_here:
-        insert = RecordInsert(qkv, layer.kv_norm, sc.slot_mapping, kv, m.eps)
-    else:
-        norm_rope_insert(qkv, layer.q_norm, layer.kv_norm, sc.positions, sc.slot_mapping,
-                         sc.window_cache, cos, sin, eps=m.eps, nope=m.nope_dim, kv=kv,
-                         qr8=None)  # fmt: skip
-    out = mega_attention(
-        q_fused, sc.positions, table, sc.window_cache, sc.compressed_cache, layer.attn_sink,
-        cos, sin, softmax_scale=m.softmax_scale, heads_per_group=m.heads_per_group,
-        splits=splits, records_ready=ready, insert=insert,
-    )  # fmt: skip
-    return out, kv, sc.window_cache.data
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize(("tokens", "splits"), [(1, "blocks"), (1, 2), (2, 1), (2, "blocks")])
-@pytest.mark.parametrize("ready", [True, False], ids=["early", "after_wait"])
-def test_attention_inserting_the_records_matches_the_norm_kernel(fmt, tokens, splits, ready):
-    """An attention launch that makes the new keys and inserts their records itself (in a split
-    of its own) gives the bits of the norm kernel's kv seam and every byte of the window cache,
-    and xo and lse as the norm kernel's insert followed by attention (the new keys are summed in
-    another order); in splits of one key block, of several, and one; with the keys of one-block
-    splits read before the PDL wait (``records_ready``) or after."""
-    got, kv, cache = _inserted(fmt, tokens, splits, ready, True)
-    want, kv_want, cache_want = _inserted(fmt, tokens, splits, ready, False)
-    _assert_matches((mxfp8_dequantize(got[0], got[1]), got[1], got[2]),
-                    (mxfp8_dequantize(want[0], want[1]), want[1], want[2]))  # fmt: skip
-    assert torch.equal(kv, kv_want) and not kv.isnan().any()
-    assert torch.equal(cache, cache_want)
-
-
-def test_insert_arguments_are_named():
-    layer, sc, _, q_fused = _step(2, COMPRESSED_LAYER, 3, "fp8_mx")
-    m = layer.dims.model
-    cos, sin = rope_tables(m, layer.layer_id)
-    qkv = torch.randn(3, m.q_rank + m.kv_dim).bfloat16()
-    kv = torch.empty(3, m.kv_dim, dtype=torch.bfloat16)
-
-    def run(insert, q=q_fused, table=sc.key_table, pos=sc.positions):
-        mega_attention(q, pos, table, sc.window_cache, sc.compressed_cache, layer.attn_sink, cos,
-                       sin, softmax_scale=m.softmax_scale, insert=insert)  # fmt: skip
-
-    with pytest.raises(ValueError, match="insert: expected at most 2 tokens, got 3"):
-        run(RecordInsert(qkv, layer.kv_norm, sc.slot_mapping, kv, m.eps))
-    two = (q_fused[:2], sc.key_table[:2], sc.positions[:2])
-    with pytest.raises(ValueError, match=r"insert.qkv: expected bfloat16 \[2, q_rank \+ 512\]"):
-        run(RecordInsert(qkv[:2].float(), layer.kv_norm, sc.slot_mapping[:2], kv[:2], m.eps), *two)
-    with pytest.raises(ValueError, match=r"insert.kv_norm: expected a float \[512\]"):
-        run(RecordInsert(qkv[:2], layer.kv_norm[:64], sc.slot_mapping[:2], kv[:2], m.eps), *two)
-    with pytest.raises(ValueError, match=r"insert.slot_mapping: expected int32 or int64 \[2\]"):
-        run(RecordInsert(qkv[:2], layer.kv_norm, sc.slot_mapping, kv[:2], m.eps), *two)
-    with pytest.raises(ValueError, match=r"insert.kv: expected bfloat16 \[2, 512\]"):
-        run(RecordInsert(qkv[:2], layer.kv_norm, sc.slot_mapping[:2], kv[:2].float(), m.eps),
-            *two)  # fmt: skip

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-# One token: attention makes the new key and inserts its record (no norm kernel).
-STEP_KERNELS = ["mx_gemm_kernel", "mx_gemm_kernel", "mega_attention_kernel",
-                "mega_attention_combine_kernel", "mx_gemm_kernel", "mx_gemm_kernel"]  # fmt: skip
+STEP_KERNELS = ["mx_gemm_kernel", "norm_rope_insert_kernel", "mx_gemm_kernel",
+                "mega_attention_kernel", "mega_attention_combine_kernel", "mx_gemm_kernel",
+                "mx_gemm_kernel"]  # fmt: skip
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
 def test_one_token_step_compiles_for_sm90(tmp_path):
-    """tp 4, M = 1: the step's six launches in order (Wqkv, wq_b, attention, combine, wo_a,
-    wo_b), each with its PDL wait (one token: PDL on) and instructions
+    """tp 4, M = 1: the step's seven launches in order (Wqkv, the side stream's norm, wq_b,
+    attention, combine, wo_a, wo_b), each with its PDL wait (one token: PDL on) and instructions
     after it, no spills, its PTX and SASS written with ``--dump``; and the tool refuses the
     interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -33,7 +33,6 @@ is broken) uses fp32 operands.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -45,14 +44,10 @@ from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import (
     data_rows_aligned,
-    decode_entries_tl,
     fmt_id,
     load_records_tl,
-    store_record_tl,
-    stored_keys_tl,
 )
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
-from dsv41.common.norm_tl import kv_angles_tl, kv_normed_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
@@ -105,7 +100,6 @@ ATTN_WARPS = 4
 QK_SEGMENTS = 4
 QK_SEGMENTS_TILES = 16
 LOG2_E = math.log2(math.e)
-INSERT_MAX_TOKENS = 2  # new tokens an attention launch inserts itself (``RecordInsert``)
 
 _HEAD_DIM = tl.constexpr(HEAD_DIM)
 _NOPE = tl.constexpr(NOPE_DIM)  # 448
@@ -187,85 +181,14 @@ def _epilogue_tl(
 @triton.jit
 def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
                   KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
-                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr, ALIGNED: tl.constexpr,
-                  NEW: tl.constexpr = 0, slot_a=-2, slot_b=-2):  # fmt: skip
-    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid. With
-    ``NEW`` new tokens (1 or 2) the entries of their window slots ``slot_a`` (``slot_b``) are
-    not: the launch's new-key split attends to those (``_new_keys_step_tl``)."""
+                  COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
+                  ALIGNED: tl.constexpr):  # fmt: skip
+    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
     kk = k0 + tl.arange(0, BK)
-    data_ptrs, code_ptrs, valid, own = record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr,
-                                                      comp_ptr, window_slots, compressed_slots,
-                                                      FMT, WIN_BLOCK, COMP_BLOCK,
-                                                      ALIGNED)  # fmt: skip
-    if NEW > 0:
-        valid = valid & (own != slot_a) & (own != slot_b)
+    data_ptrs, code_ptrs, valid = record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
+                                                  window_slots, compressed_slots, FMT, WIN_BLOCK,
+                                                  COMP_BLOCK, ALIGNED)  # fmt: skip
     return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
-
-
-@triton.jit
-def _new_slot_tl(j, slot_ptr, window_slots):
-    """New token ``j``'s window slot; -2 where its record is not inserted (no entry matches)."""
-    slot = tl.load(slot_ptr + j).to(tl.int64)
-    return tl.where((slot >= 0) & (slot < window_slots), slot, -2)
-
-
-@triton.jit
-def _slot_count_tl(table_row, slot, window_slots, compressed_slots, KEYS: tl.constexpr,
-                   KEYS_PAD: tl.constexpr):  # fmt: skip
-    """How many entries of a key-table row are window slot ``slot`` (int32)."""
-    kk = tl.arange(0, KEYS_PAD)
-    entries = tl.load(table_row + kk, mask=kk < KEYS, other=-1)
-    is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
-    return tl.sum(((slots == slot) & valid & ~is_comp).to(tl.int32))
-
-
-@triton.jit
-def _insert_tl(j, needed, writes, pos_ptr, max_pos, cos_ptr, sin_ptr, qkv_ptr, stride_qkv,
-               kv_norm_ptr, eps, slot_ptr, win_ptr, window_slots, kv_out_ptr,
-               Q_RANK: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr):  # fmt: skip
-    """New token ``j``'s key as ``load_records_tl`` would read its record back, fp32 ``[512]``
-    (zeros unless ``needed``), from its row of ``qkv`` (kv norm, RoPE: ``kv_normed_tl``); where
-    ``writes``, also its row of the kv seam and its record in the window cache."""
-    key = tl.zeros((_HEAD_DIM,), tl.float32)
-    if needed:
-        pos = tl.load(pos_ptr + j).to(tl.int64)
-        cs, sn = kv_angles_tl(pos, max_pos, cos_ptr, sin_ptr, _HEAD_DIM, _NOPE, _HALF_ROPE)
-        kv = kv_normed_tl(qkv_ptr + j * stride_qkv + Q_RANK, kv_norm_ptr, cs, sn, eps, _HEAD_DIM,
-                          _NOPE)  # fmt: skip
-        row = tl.reshape(kv, (1, _HEAD_DIM))
-        key = tl.reshape(stored_keys_tl(row, FMT), (_HEAD_DIM,))
-        if writes:
-            tl.store(kv_out_ptr + j * _HEAD_DIM + tl.arange(0, _HEAD_DIM), kv.to(tl.bfloat16))
-            slot = tl.load(slot_ptr + j + tl.arange(0, 1)).to(tl.int64)
-            store_record_tl(win_ptr, slot, row, window_slots, WIN_BLOCK, FMT)
-    return key
-
-
-@triton.jit
-def _new_keys_step_tl(q, m_i, l_i, acc, qk_scale, token, writer, count_a, count_b, pos_ptr,
-                      max_pos, cos_ptr, sin_ptr, qkv_ptr, stride_qkv, kv_norm_ptr, eps, slot_ptr,
-                      win_ptr, window_slots, kv_out_ptr, NEW: tl.constexpr, Q_RANK: tl.constexpr,
-                      FMT: tl.constexpr, WIN_BLOCK: tl.constexpr, BK: tl.constexpr,
-                      QK_SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):  # fmt: skip
-    """The new-key split of (token, head tile): the step's new keys (``count_a`` / ``count_b``
-    times each, as this token's table lists them) into the online softmax. A ``writer`` (head
-    tile 0) makes its token's key even when its table lists it nowhere, and inserts it."""
-    key_a = _insert_tl(0, (count_a > 0) | (writer & (token == 0)), writer & (token == 0),
-                       pos_ptr, max_pos, cos_ptr, sin_ptr, qkv_ptr, stride_qkv, kv_norm_ptr, eps,
-                       slot_ptr, win_ptr, window_slots, kv_out_ptr, Q_RANK, FMT,
-                       WIN_BLOCK)  # fmt: skip
-    r = tl.arange(0, BK)
-    k = tl.where((r == 0)[:, None], key_a[None, :], 0.0)
-    mult = tl.where(r == 0, count_a, 0)
-    if NEW > 1:
-        key_b = _insert_tl(1, (count_b > 0) | (writer & (token == 1)), writer & (token == 1),
-                           pos_ptr, max_pos, cos_ptr, sin_ptr, qkv_ptr, stride_qkv, kv_norm_ptr,
-                           eps, slot_ptr, win_ptr, window_slots, kv_out_ptr, Q_RANK, FMT,
-                           WIN_BLOCK)  # fmt: skip
-        k = tl.where((r == 1)[:, None], key_b[None, :], k)
-        mult = tl.where(r == 1, count_b, mult)
-    return _key_step_tl(q, k, mult > 0, m_i, l_i, acc, qk_scale, QK_SPLIT, DOT_BF16, True,
-                        mult.to(tl.float32))  # fmt: skip
 
 
 @triton.jit
@@ -295,11 +218,10 @@ def _scores_tl(q, k, SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):
 
 @triton.jit
 def _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT: tl.constexpr,
-                 DOT_BF16: tl.constexpr, FIRST: tl.constexpr, mult=None):  # fmt: skip
+                 DOT_BF16: tl.constexpr, FIRST: tl.constexpr):  # fmt: skip
     """One block of keys ``k [BK, 512]`` (``valid [BK]``) into the online softmax: ``(m_i, l_i,
     acc)`` after it (log2 units). ``FIRST``: the split's first block (``m_i`` -inf, ``l_i`` and
-    ``acc`` 0), so nothing is rescaled: the same values, 64 fewer multiplies a thread.
-    ``mult [BK]``: how many times each key counts (a key the table lists twice weighs twice)."""
+    ``acc`` 0), so nothing is rescaled: the same values, 64 fewer multiplies a thread."""
     if DOT_BF16:
         k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
     s = _scores_tl(q, k, QK_SPLIT, DOT_BF16)
@@ -307,8 +229,6 @@ def _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT: tl.constexpr,
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # no key yet: keep exp2 finite
     p = tl.exp2(s - m_ref[:, None])
-    if mult is not None:
-        p = p * mult[None, :]
     if FIRST:
         l_i = tl.sum(p, axis=1)
     else:
@@ -325,28 +245,6 @@ def _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT: tl.constexpr,
     return m_new, l_i, acc
 
 
-@triton.jit
-def _split_keys_tl(q, m_i, l_i, acc, k_early, valid_early, table_row, split, win_ptr, comp_ptr,
-                   window_slots, compressed_slots, qk_scale, slot_a, slot_b, KEYS: tl.constexpr,
-                   FMT: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr,
-                   BK: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, ALIGNED: tl.constexpr,
-                   EARLY: tl.constexpr, NEW: tl.constexpr, QK_SPLIT: tl.constexpr,
-                   DOT_BF16: tl.constexpr):  # fmt: skip
-    """Split ``split``'s keys of a key-table row into the online softmax: its one block read
-    before the PDL wait (``EARLY``: ``k_early``, ``valid_early``), else block by block."""
-    if EARLY:  # the split's one block, read before the wait
-        m_i, l_i, acc = _key_step_tl(q, k_early, valid_early, m_i, l_i, acc, qk_scale, QK_SPLIT,
-                                     DOT_BF16, True)  # fmt: skip
-    else:
-        for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
-            k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
-                                     compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
-                                     ALIGNED, NEW, slot_a, slot_b)  # fmt: skip
-            m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT,
-                                         DOT_BF16, False)  # fmt: skip
-    return m_i, l_i, acc
-
-
 @triton.jit(do_not_specialize=["window_slots", "compressed_slots", "max_pos"])
 def mega_attention_kernel(
     q_ptr, pos_ptr, table_ptr, win_ptr, comp_ptr, sink_ptr, cos_ptr, sin_ptr,
@@ -358,8 +256,6 @@ def mega_attention_kernel(
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
     trace_ptr=None, TRACE: tl.constexpr = False,
-    qkv_ptr=None, kv_norm_ptr=None, slot_ptr=None, kv_out_ptr=None, stride_qkv=0, eps=0.0,
-    NEW: tl.constexpr = 0, Q_RANK: tl.constexpr = 0, KEYS_PAD: tl.constexpr = 1,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -367,14 +263,7 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row.
-
-    ``NEW`` (1 or 2; ``mega_attention``'s ``insert``): the launch inserts the records of the
-    step's ``NEW`` tokens itself, and its last split (``SPLITS - 1``) is the new-key split: there
-    a program makes the new keys its token's table lists (``_new_keys_step_tl``: kv norm and
-    RoPE from ``qkv``, the record's rounding), and in head tile 0 inserts its own token's record
-    and kv seam row. The other splits skip the entries of the new slots, whose records they
-    would read before or while they are written."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -392,24 +281,12 @@ def mega_attention_kernel(
     pos = tl.load(pos_ptr + token).to(tl.int64)
     cos_a, sin_a = _rope_angles_tl(0, pos, max_pos, cos_ptr, sin_ptr, _HEAD_DIM)
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
-    table_row = table_ptr + token.to(tl.int64) * KEYS
-    slot_a, slot_b, count_a, count_b = -2, -2, 0, 0  # the new tokens' slots, listed how often
-    if NEW > 0:
-        tl.static_assert(NEW <= 2 and SPLITS > 1, "one or two new tokens, a new-key split")
-        slot_a = _new_slot_tl(0, slot_ptr, window_slots)
-        count_a = _slot_count_tl(table_row, slot_a, window_slots, compressed_slots, KEYS,
-                                 KEYS_PAD)  # fmt: skip
-    if NEW > 1:
-        slot_b = _new_slot_tl(1, slot_ptr, window_slots)
-        count_b = _slot_count_tl(table_row, slot_b, window_slots, compressed_slots, KEYS,
-                                 KEYS_PAD)  # fmt: skip
-    k_early, valid_early = None, None
     if EARLY:
         tl.static_assert(KEYS_PER_SPLIT == BK, "an early split is one key block")
-        k_early, valid_early = _key_block_tl(table_row, split * BK, win_ptr, comp_ptr,
-                                             window_slots, compressed_slots, KEYS, FMT, WIN_BLOCK,
-                                             COMP_BLOCK, BK, ALIGNED, NEW, slot_a,
-                                             slot_b)  # fmt: skip
+        k_early, valid_early = _key_block_tl(table_ptr + token.to(tl.int64) * KEYS, split * BK,
+                                             win_ptr, comp_ptr, window_slots, compressed_slots,
+                                             KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                             ALIGNED)  # fmt: skip
         if TRACE:
             _stamp_tl(stamps, 1, k_early)
         if DOT_BF16:  # the dot's bf16 keys made before the wait too (exact, as in _key_step_tl)
@@ -419,9 +296,9 @@ def mega_attention_kernel(
         tl.store(stamps + 2, globaltimer_tl(pid))
     if PREFETCH:
         tl.static_assert(ALIGNED and not EARLY, "a bulk prefetch takes 16-B aligned rows")
-        ahead = record_row_ptrs_tl(table_row, split * KEYS_PER_SPLIT, win_ptr, comp_ptr,
-                                   window_slots, compressed_slots, KEYS, FMT, WIN_BLOCK,
-                                   COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
+        ahead = record_row_ptrs_tl(table_ptr + token.to(tl.int64) * KEYS, split * KEYS_PER_SPLIT,
+                                   win_ptr, comp_ptr, window_slots, compressed_slots, KEYS, FMT,
+                                   WIN_BLOCK, COMP_BLOCK, KEYS_PER_SPLIT, SPLIT_PAD)  # fmt: skip
         prefetch_records_tl(ahead[0], ahead[1], ahead[2], FMT)
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
@@ -439,26 +316,17 @@ def mega_attention_kernel(
     m_i = tl.full((HT,), -float("inf"), tl.float32)  # running max of s * log2(e)
     l_i = tl.zeros((HT,), tl.float32)
     acc = tl.zeros((HT, _HEAD_DIM), tl.float32)
-    if NEW > 0:
-        if split == SPLITS - 1:
-            m_i, l_i, acc = _new_keys_step_tl(
-                q, m_i, l_i, acc, qk_scale, token, (pid % TILES) == 0, count_a, count_b, pos_ptr,
-                max_pos, cos_ptr, sin_ptr, qkv_ptr, stride_qkv, kv_norm_ptr, eps, slot_ptr,
-                win_ptr, window_slots, kv_out_ptr, NEW, Q_RANK, FMT, WIN_BLOCK, BK, QK_SPLIT,
-                DOT_BF16,
-            )  # fmt: skip
-        else:
-            m_i, l_i, acc = _split_keys_tl(
-                q, m_i, l_i, acc, k_early, valid_early, table_row, split, win_ptr, comp_ptr,
-                window_slots, compressed_slots, qk_scale, slot_a, slot_b, KEYS, FMT, WIN_BLOCK,
-                COMP_BLOCK, BK, KEYS_PER_SPLIT, ALIGNED, EARLY, NEW, QK_SPLIT, DOT_BF16,
-            )  # fmt: skip
+    if EARLY:  # the split's one block, read before the wait
+        m_i, l_i, acc = _key_step_tl(q, k_early, valid_early, m_i, l_i, acc, qk_scale, QK_SPLIT,
+                                     DOT_BF16, True)  # fmt: skip
     else:
-        m_i, l_i, acc = _split_keys_tl(
-            q, m_i, l_i, acc, k_early, valid_early, table_row, split, win_ptr, comp_ptr,
-            window_slots, compressed_slots, qk_scale, slot_a, slot_b, KEYS, FMT, WIN_BLOCK,
-            COMP_BLOCK, BK, KEYS_PER_SPLIT, ALIGNED, EARLY, NEW, QK_SPLIT, DOT_BF16,
-        )  # fmt: skip
+        table_row = table_ptr + token.to(tl.int64) * KEYS
+        for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
+            k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
+                                     compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                     ALIGNED)  # fmt: skip
+            m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT,
+                                         DOT_BF16, False)  # fmt: skip
     if TRACE:
         _stamp_tl(stamps, 4, acc)
 
@@ -632,61 +500,9 @@ def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
     return max(1, -(-keys // keys_per_split)), keys_per_split
 
 
-@dataclasses.dataclass(frozen=True)
-class RecordInsert:
-    """The step's new records, for an attention launch that inserts them itself
-    (``mega_attention``'s ``insert``): what the norm kernel's kv half reads and writes."""
-
-    qkv: torch.Tensor  # bf16 [M, q_rank + 512], Wqkv's output (unit last stride); kv: q_rank..
-    kv_norm: torch.Tensor  # [512]: the kv RMSNorm's weight
-    slot_mapping: torch.Tensor  # int32 / int64 [M]: window-cache slots (outside the cache: none)
-    kv: torch.Tensor  # bf16 [M, 512] contiguous: the kv seam, written
-    eps: float
-
-
-def insert_in_attention() -> bool:
-    """Whether a step of at most ``INSERT_MAX_TOKENS`` tokens whose wq_b normalises qr itself
-    leaves the record insert to attention (``RecordInsert``) instead of a norm kernel on a side
-    stream: ``DSV41_ATTN_INSERT`` (1 or 0), on by default."""
-    return env_flag("DSV41_ATTN_INSERT", True)
-
-
-def _check_insert(insert: RecordInsert, tokens: int, device) -> None:
-    if tokens > INSERT_MAX_TOKENS:
-        raise ValueError(f"insert: expected at most {INSERT_MAX_TOKENS} tokens, got {tokens}")
-    q_rank = insert.qkv.shape[-1] - HEAD_DIM
-    if (insert.qkv.dtype != torch.bfloat16 or insert.qkv.dim() != 2 or q_rank < 0
-            or insert.qkv.shape[0] != tokens or insert.qkv.stride(-1) != 1):  # fmt: skip
-        raise ValueError(f"insert.qkv: expected bfloat16 [{tokens}, q_rank + {HEAD_DIM}] "
-                         f"(unit last stride), got {insert.qkv.dtype} "
-                         f"{list(insert.qkv.shape)}")  # fmt: skip
-    if not insert.kv_norm.is_floating_point() or tuple(insert.kv_norm.shape) != (HEAD_DIM,):
-        raise ValueError(f"insert.kv_norm: expected a float [{HEAD_DIM}], "
-                         f"got {insert.kv_norm.dtype} {list(insert.kv_norm.shape)}")  # fmt: skip
-    _check("insert.slot_mapping", insert.slot_mapping, (torch.int32, torch.int64), (tokens,))
-    _check("insert.kv", insert.kv, (torch.bfloat16,), (tokens, HEAD_DIM))
-    for name in ("qkv", "kv_norm", "slot_mapping", "kv"):
-        t = getattr(insert, name)
-        if t.device != device:
-            raise ValueError(
-                f"insert.{name}: expected a tensor on {device} (q_fused's device), got {t.device}"
-            )
-
-
 def rows_aligned(*caches: PagedKVCache) -> bool:
     """Whether every record's data row starts 16-B aligned in all these caches."""
     return all(data_rows_aligned(c) for c in caches)
-
-
-def _insert_args(insert: RecordInsert | None, placeholder: torch.Tensor) -> dict:
-    """The kernel's ``insert`` arguments (``placeholder`` for pointers it never reads without)."""
-    if insert is None:
-        return {"qkv_ptr": placeholder, "kv_norm_ptr": placeholder, "slot_ptr": placeholder,
-                "kv_out_ptr": placeholder}  # fmt: skip
-    return {"qkv_ptr": insert.qkv, "kv_norm_ptr": insert.kv_norm,
-            "slot_ptr": insert.slot_mapping, "kv_out_ptr": insert.kv,
-            "stride_qkv": insert.qkv.stride(0), "eps": insert.eps, "NEW": insert.kv.shape[0],
-            "Q_RANK": insert.qkv.shape[1] - HEAD_DIM}  # fmt: skip
 
 
 def _check(
@@ -716,7 +532,6 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
-    insert: RecordInsert | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -736,10 +551,7 @@ def mega_attention(
     - ``records_ready``: no kernel that may still run when this launch starts writes the
       caches (the caller ordered the record insert before it with a full stream dependency);
       by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
-      PDL wait (``early_keys``). With ``insert`` the launch's own inserts do not count.
-    - ``insert``: the step's new records (at most ``INSERT_MAX_TOKENS`` tokens), which this
-      launch makes from ``insert.qkv``, writes into ``window_cache`` (and ``insert.kv``) and
-      attends to in one more split (the kernel's ``NEW``), instead of a norm kernel before it.
+      PDL wait (``early_keys``).
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -782,8 +594,6 @@ def mega_attention(
             raise ValueError(
                 f"{name}: expected a tensor on {device} (q_fused's device), got {t.device}"
             )
-    if insert is not None:
-        _check_insert(insert, tokens, device)
 
     keys = key_table.shape[1]
     blocks = max(1, -(-keys // KEY_BLOCK))
@@ -796,8 +606,6 @@ def mega_attention(
             f"splits: expected 1 .. {blocks} (blocks of {KEY_BLOCK} keys), got {splits}"
         )
     tiles = head_tile_pairs(tokens, heads)
-    if insert is not None:
-        splits += 1  # the new-key split
     xo = torch.empty(tokens, heads * HEAD_DIM, dtype=E4M3, device=device)
     xo_codes = torch.empty(tokens, heads * HEAD_DIM // MX_BLOCK, dtype=torch.uint8, device=device)
     lse = torch.empty(tokens, heads, dtype=torch.float32, device=device)
@@ -833,7 +641,6 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        KEYS_PAD=triton.next_power_of_2(keys), **_insert_args(insert, lse),
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:

@@ -334,7 +334,6 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
-    WAIT_FIRST: tl.constexpr = False,
     rp_table_ptr=None,
     rp_win_ptr=None,
     rp_comp_ptr=None,
@@ -349,9 +348,8 @@ def mx_gemm_kernel(
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
-    hardware's conversions. ``WAIT_FIRST``: the next kernel launches only after this one's PDL
-    wait (``pdl_prologue_tl``). ``RP_PER`` > 0: before the wait each program asks the L2 for
-    its share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``)."""
+    hardware's conversions. ``RP_PER`` > 0: before the PDL wait each program asks the L2 for its
+    share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -380,7 +378,7 @@ def mx_gemm_kernel(
         prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slots,
                           rp_comp_slots, RP_PER, RP_PAD, RP_TOTAL, RP_FMT, RP_WIN_BLOCK,
                           RP_COMP_BLOCK)  # fmt: skip
-    pdl_prologue_tl(USE_PDL, WAIT_FIRST)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -761,7 +759,6 @@ def mx_gemm(
     n_per_group: int | None = None,
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
-    wait_first: bool = False,
     records: RecordsAhead | None = None,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
@@ -774,8 +771,6 @@ def mx_gemm(
     32])``, when given, receives the MXFP8 cast of the bf16 out. ``a8_out`` (the same
     formats, ``[M, K]``), when given with a bf16 ``a`` on the CUDA-core loop, receives the
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
-    ``wait_first`` (with PDL): the next kernel launches only once this one's wait is over, so
-    every kernel before this one has completed when it starts (``pdl_prologue_tl``).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
     the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
     """
@@ -924,7 +919,6 @@ def mx_gemm(
         num_stages=cfg.num_stages,
         **geo,
         USE_PDL=pdl,
-        WAIT_FIRST=pdl and wait_first,
         K_STEPS=cfg.k_steps,
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,

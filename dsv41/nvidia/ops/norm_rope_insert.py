@@ -78,7 +78,7 @@ def norm_rope_insert_kernel(
     cs, sn = kv_angles_tl(pos, max_pos, cos_ptr, sin_ptr, KV_DIM, NOPE, HALF_ROPE)
     slot = tl.load(slot_ptr + t + tl.arange(0, 1)).to(tl.int64)
     if KEYS > 0:  # the table read now, its records asked for last: nothing waits for the read
-        rows, codes, valid, _ = record_row_ptrs_tl(table_ptr + t.to(tl.int64) * KEYS, 0, cache_ptr,
+        rows, codes, valid = record_row_ptrs_tl(table_ptr + t.to(tl.int64) * KEYS, 0, cache_ptr,
                                                 comp_ptr, num_slots, comp_slots, KEYS, FMT,
                                                 BLOCK_TOKENS, COMP_BLOCK, KEYS,
                                                 KEYS_PAD)  # fmt: skip

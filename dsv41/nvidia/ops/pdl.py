@@ -52,16 +52,9 @@ def pdl_launch_options(on: bool) -> dict:
 
 
 @triton.jit
-def pdl_prologue_tl(USE_PDL: tl.constexpr, WAIT_FIRST: tl.constexpr = False):
-    """Let the next kernel launch, then wait for the previous one's writes; with ``WAIT_FIRST``
-    the other way round, so the next kernel starts only once every kernel before this one has
-    completed (each waited for its predecessor before it ended): what it reads before its own
-    wait is then complete, except what this kernel writes."""
+def pdl_prologue_tl(USE_PDL: tl.constexpr):
+    """Let the next kernel launch, then wait for the previous one's writes."""
     if USE_PDL:
-        if WAIT_FIRST:
-            gdc_wait()
-            gdc_launch_dependents()
-        else:
-            gdc_launch_dependents()
-            gdc_wait()
+        gdc_launch_dependents()
+        gdc_wait()
 

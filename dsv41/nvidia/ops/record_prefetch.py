@@ -44,7 +44,7 @@ def record_ptrs_tl(table_row, kk, live, win_ptr, comp_ptr, window_slots, compres
                    ALIGNED: tl.constexpr):  # fmt: skip
     """The records of key-table entries ``kk`` (read where ``live``): uint8 pointers to each
     one's data row (16-B aligned when ``ALIGNED``) and scale codes, in the compressed or the
-    window cache, which are valid, and each entry's window slot (-1: none, or not valid)."""
+    window cache, and which are valid."""
     entries = tl.load(table_row + kk, mask=live, other=-1)
     is_comp, slots, valid = decode_entries_tl(entries, window_slots, compressed_slots)
     win_data, win_codes = record_offsets_tl(slots, WIN_BLOCK, FMT)
@@ -53,7 +53,7 @@ def record_ptrs_tl(table_row, kk, live, win_ptr, comp_ptr, window_slots, compres
     if ALIGNED:  # every data row starts 16-B aligned in both caches: 16-B loads
         data_ptrs = tl.multiple_of(data_ptrs, 16)
     code_ptrs = tl.where(is_comp, comp_ptr + comp_codes, win_ptr + win_codes)
-    return data_ptrs, code_ptrs, valid, tl.where(valid & ~is_comp, slots, -1)
+    return data_ptrs, code_ptrs, valid
 
 
 @triton.jit
@@ -62,8 +62,8 @@ def record_row_ptrs_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, comp
                        COMP_BLOCK: tl.constexpr, N: tl.constexpr,
                        N_PAD: tl.constexpr):  # fmt: skip
     """The records of keys ``k_start .. k_start + N`` of a key-table row (16-B aligned data rows
-    only), ``[N_PAD]`` (a power of two >= N): data row and scale code pointers, which are
-    valid, and their window slots. What ``prefetch_records_tl`` asks the L2 for."""
+    only), ``[N_PAD]`` (a power of two >= N): data row and scale code pointers, and which are
+    valid. What ``prefetch_records_tl`` asks the L2 for."""
     kk = k_start + tl.arange(0, N_PAD)
     return record_ptrs_tl(table_row, kk, (kk < KEYS) & (kk < k_start + N), win_ptr, comp_ptr,
                           window_slots, compressed_slots, FMT, WIN_BLOCK, COMP_BLOCK,
@@ -126,8 +126,7 @@ def prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slot
     table, their records asked of the L2."""
     i = tl.arange(0, RP_PAD)
     kk = pid * RP_PER + i
-    data, codes, valid, _ = record_ptrs_tl(rp_table_ptr, kk, (i < RP_PER) & (kk < RP_TOTAL),
-                                           rp_win_ptr, rp_comp_ptr, rp_window_slots,
-                                           rp_comp_slots, RP_FMT, RP_WIN_BLOCK, RP_COMP_BLOCK,
-                                           True)  # fmt: skip
+    data, codes, valid = record_ptrs_tl(rp_table_ptr, kk, (i < RP_PER) & (kk < RP_TOTAL),
+                                        rp_win_ptr, rp_comp_ptr, rp_window_slots, rp_comp_slots,
+                                        RP_FMT, RP_WIN_BLOCK, RP_COMP_BLOCK, True)  # fmt: skip
     prefetch_records_tl(data, codes, valid, RP_FMT)
