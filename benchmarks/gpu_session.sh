@@ -16,7 +16,8 @@
 # s14 .. s14c: session 14's;
 # s15, s15b: session 15's; s16 .. s16e: session 16's (s16, s16b: the tensor-core GEMV, removed
 # after them; DSV41_GEMV_TC no longer exists); s17 .. s17e: session 17's; s18: prepared for
-# session 18 (run in its call 1; the late release was removed after it); s18b: session 18, call 2.
+# session 18 (run in its call 1; the late release was removed after it); s18b .. s18e: session
+# 18, calls 2 to 5 (the attention insert of s18b .. s18d, DSV41_ATTN_INSERT, removed after them).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -900,24 +901,15 @@ if [ "$what" = s18 ]; then
   DSV41_PDL_LATE=7 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
     --attn-trace 2>&1 | tail -10
 fi
-if [ "$what" = s18b ]; then
-  # Session 18, call 2 (about 5 minutes): at one and two tokens attention makes the new keys
-  # and inserts their records itself (DSV41_ATTN_INSERT=1, the default; no norm kernel, no
-  # side stream, attention launched by PDL after wq_b, its key table and an L2 prefetch of its
-  # records before the wait): nvidia's step tests (the insert's bit-identity test included)
-  # and attention's; A/B against the side-stream norm kernel twice at tp 4, once at tp 2; the
-  # attention trace.
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
-    tests/gpu/test_mega_attention_gpu.py -k "step_matches or graph or insert or matches_reference" \
-    --timeout 190 2>&1 | tail -3
-  for r in 1 2; do ab DSV41_ATTN_INSERT "1 0" --backend nvidia --tp 4 --tokens 1,2; done
-  ab DSV41_ATTN_INSERT "1 0" --backend nvidia --tp 2 --tokens 1,2
-  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10
-fi
-if [ "$what" = s18c ]; then
-  # Session 18, call 3 (about 5 minutes): as s18b, but wq_b releases attention only after its
-  # own PDL wait (every earlier kernel complete), so attention reads its one-block split's
-  # records before its wait again and swaps in the new keys after it.
+if [ "$what" = s18b ] || [ "$what" = s18c ]; then
+  # Session 18, calls 2 and 3 (about 5 minutes each; the same commands on two trees, the
+  # attention insert removed after them): at one and two tokens attention makes the new keys
+  # and inserts their records itself (DSV41_ATTN_INSERT=1, then the default; no norm kernel,
+  # no side stream, attention launched by PDL after wq_b). s18b: its key table and an L2
+  # prefetch of its records before the wait; s18c: wq_b releases attention only after its own
+  # PDL wait, so attention reads its one-block split's records before its wait and swaps in
+  # the new keys after it. nvidia's step tests (the insert's test included) and attention's;
+  # A/B against the side-stream norm kernel twice at tp 4, once at tp 2; the attention trace.
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py -k "step_matches or graph or insert or matches_reference" \
     --timeout 190 2>&1 | tail -3
