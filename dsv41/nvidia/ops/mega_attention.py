@@ -42,11 +42,7 @@ import triton.language as tl
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
-from dsv41.common.kv_records_tl import (
-    data_rows_aligned,
-    fmt_id,
-    load_records_tl,
-)
+from dsv41.common.kv_records_tl import data_rows_aligned, fmt_id, load_records_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
@@ -186,8 +182,8 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
     """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
     kk = k0 + tl.arange(0, BK)
     data_ptrs, code_ptrs, valid = record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
-                                                  window_slots, compressed_slots, FMT, WIN_BLOCK,
-                                                  COMP_BLOCK, ALIGNED)  # fmt: skip
+                                                 window_slots, compressed_slots, FMT, WIN_BLOCK,
+                                                 COMP_BLOCK, ALIGNED)  # fmt: skip
     return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
 
 

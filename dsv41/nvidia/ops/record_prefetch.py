@@ -72,11 +72,12 @@ def record_row_ptrs_tl(table_row, k_start, win_ptr, comp_ptr, window_slots, comp
 
 @triton.jit
 def prefetch_records_tl(data, codes, valid, FMT: tl.constexpr):
-    """Ask the L2 for the records ``record_row_ptrs_tl`` gives: one bulk prefetch a data row,
-    and the fp8_ds_mla scale row's line. A split's loop then reads each block after the first
-    from L2, not HBM, so its blocks' memory latencies overlap instead of adding up; the norm
-    kernel asks for a token's whole row ahead of attention (``norm_rope_insert``'s
-    ``prefetch``). No record is read into registers, and an invalid entry prefetches nothing."""
+    """Ask the L2 for the records ``record_ptrs_tl`` gives: one bulk prefetch a data row, and
+    the fp8_ds_mla scale row's line. A split's loop then reads each block after the first from
+    L2, not HBM, so its blocks' memory latencies overlap instead of adding up; wq_b asks for the
+    step's whole key table ahead of attention (``prefetch_share_tl``), and the norm kernel can
+    ask for its token's row (``norm_rope_insert``'s ``prefetch``). No record is read into
+    registers, and an invalid entry prefetches nothing."""
     if FMT == FMT_DS_MLA:  # the data row, then the 8-B scale row elsewhere in the page
         tl.inline_asm_elementwise(
             _PREFETCH_DS_MLA, "=r,l,l,r",
