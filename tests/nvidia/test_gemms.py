@@ -516,10 +516,7 @@ kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr
 ptx = sm90_ptx(fn, consts, kinds, lambda n, k: k[0] == "*" or n.startswith("stride"),
                num_stages=4)
 before_wait = ptx.split("griddepcontrol.wait")[0]
-wait = ptx.find("griddepcontrol.wait")
-print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait)),
-                  "wait": wait, "release": ptx.find("griddepcontrol.launch_dependents"),
-                  "read_after_wait": ptx.find("ld.global", wait)} |
+print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait))} |
                  {k: len(re.findall(p, ptx)) for k, p in
                   {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
                    "byte_loads": r"ld\.global\.b8", "waits": r"griddepcontrol\.wait"}.items()}

@@ -22,4 +22,3 @@ def test_pdl_by_tokens_and_switch(monkeypatch) -> None:
         monkeypatch.setenv("DSV41_PDL", bad)
         with pytest.raises(ValueError, match=f"DSV41_PDL: expected 0 or 1, got '{bad}'"):
             pdl_enabled(1)
-

@@ -42,21 +42,18 @@ import triton.language as tl
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
-from dsv41.common.kv_records_tl import data_rows_aligned, fmt_id, load_records_tl
+from dsv41.common.kv_records_tl import fmt_id, load_records_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
-from dsv41.nvidia.ops.pdl import (
-    pdl_enabled,
-    pdl_launch_options,
-    pdl_prologue_tl,
-)
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import (
     prefetch_records_tl,
     record_ptrs_tl,
     record_row_ptrs_tl,
+    rows_aligned,
 )
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
@@ -494,11 +491,6 @@ def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
     """``wanted`` splits of the key table in whole key blocks -> ``(splits, keys_per_split)``."""
     keys_per_split = max(1, -(-keys // (wanted * KEY_BLOCK))) * KEY_BLOCK
     return max(1, -(-keys // keys_per_split)), keys_per_split
-
-
-def rows_aligned(*caches: PagedKVCache) -> bool:
-    """Whether every record's data row starts 16-B aligned in all these caches."""
-    return all(data_rows_aligned(c) for c in caches)
 
 
 def _check(

@@ -25,10 +25,9 @@ from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.norm_tl import kv_angles_tl, kv_normed_tl, rms_factor_tl
 from dsv41.common.switches import env_flag
-from dsv41.nvidia.ops.mega_attention import rows_aligned
 from dsv41.nvidia.ops.mx_gemm import interpreting
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
-from dsv41.nvidia.ops.record_prefetch import prefetch_records_tl, record_row_ptrs_tl
+from dsv41.nvidia.ops.record_prefetch import prefetch_records_tl, record_row_ptrs_tl, rows_aligned
 
 
 @triton.jit

@@ -57,4 +57,3 @@ def pdl_prologue_tl(USE_PDL: tl.constexpr):
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()
-

@@ -91,6 +91,11 @@ def prefetch_records_tl(data, codes, valid, FMT: tl.constexpr):
         )  # fmt: skip
 
 
+def rows_aligned(*caches: PagedKVCache) -> bool:
+    """Whether every record's data row starts 16-B aligned in all these caches."""
+    return all(data_rows_aligned(c) for c in caches)
+
+
 @dataclasses.dataclass(frozen=True)
 class RecordsAhead:
     """The records attention reads next, for a kernel before it to ask the L2 for (``mx_gemm``'s
@@ -106,7 +111,7 @@ class RecordsAhead:
         caches is not 16-B aligned, the bulk prefetch's unit)."""
         win = self.window_cache
         comp = self.compressed_cache if self.compressed_cache is not None else win
-        if not (data_rows_aligned(win) and data_rows_aligned(comp)):
+        if not rows_aligned(win, comp):
             return {}
         total = self.key_table.numel()
         per = -(-total // programs)
