@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -18,7 +18,7 @@
 # after them; DSV41_GEMV_TC no longer exists); s17 .. s17e: session 17's; s18: prepared for
 # session 18 (run in its call 1; the late release was removed after it); s18b .. s18e: session
 # 18, calls 2 to 5 (the attention insert of s18b .. s18d, DSV41_ATTN_INSERT, removed after them).
-# s19: session 19's.
+# s19, s19b: session 19's.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -959,4 +959,10 @@ if [ "$what" = s19 ]; then
     DSV41_HANDOFF=$s timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
       --attn-trace 2>&1 | tail -14 | sed "s/^/DSV41_HANDOFF=$s: /"
   done
+fi
+if [ "$what" = s19b ]; then
+  # Session 19, call 2 (about 4 minutes): as s19, the flags polled by one warp a program.
+  for r in 1 2; do ab DSV41_HANDOFF "0 1" --backend nvidia --tp 4 --tokens 1,2; done
+  DSV41_HANDOFF=1 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
+    --attn-trace 2>&1 | tail -10
 fi

@@ -124,10 +124,18 @@ def handoff_args(arrive: Handoff | None, wait: Handoff | None, programs: int) ->
 
 
 @triton.jit
-def _load_acquire_tl(ptr):
-    """``*ptr`` (int32) with a gpu-scope acquire load."""
-    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
-                                     dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+def _poll_tl(ptr):
+    """``*ptr`` (int32) by a gpu-scope acquire load in the CTA's first warp; ``2^31 - 1`` in
+    the others (they wait at the barrier after the spin): one poller a program, not one a warp,
+    so the producers' arrivals do not queue behind the polls at the word's L2 slice."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred first; .reg .u32 tid;\n"
+        "mov.u32 tid, %tid.x;\n"
+        "setp.lt.u32 first, tid, 32;\n"
+        "mov.u32 $0, 2147483647;\n"
+        "@first ld.acquire.gpu.global.b32 $0, [$1]; }",
+        "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -143,10 +151,10 @@ def handoff_wait_tl(USE_PDL: tl.constexpr, HO_WAIT: tl.constexpr, words_ptr, pro
     and spin until ``producers`` programs arrived on ``words_ptr`` (acquire)."""
     if HO_WAIT:
         gdc_launch_dependents()
-        seen = _load_acquire_tl(words_ptr)
+        seen = _poll_tl(words_ptr)
         polls = 0
         while (seen < producers) & (polls < HANDOFF_SPINS):
-            seen = _load_acquire_tl(words_ptr)
+            seen = _poll_tl(words_ptr)
             polls += 1
         if seen < producers:
             tl.atomic_add(words_ptr + 2, 1, sem="relaxed", scope="gpu")
