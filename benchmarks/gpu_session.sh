@@ -18,7 +18,7 @@
 # after them; DSV41_GEMV_TC no longer exists); s17 .. s17e: session 17's; s18: prepared for
 # session 18 (run in its call 1; the late release was removed after it); s18b .. s18e: session
 # 18, calls 2 to 5 (the attention insert of s18b .. s18d, DSV41_ATTN_INSERT, removed after them).
-# s19, s19b: session 19's.
+# s19, s19b: session 19's calls 1 and 2 (the flag hand-offs, DSV41_HANDOFF, removed after them).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

@@ -46,7 +46,6 @@ from dsv41.nvidia.ops.mx_gemm import (
     sm_count,
 )
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
-from dsv41.nvidia.ops.pdl import HANDOFF_WORDS, Handoff, handoffs_enabled, pdl_enabled
 from dsv41.nvidia.ops.record_prefetch import RecordsAhead
 
 STEP_SEAMS = ("qkv", "kv", "q", "xo", "lse", "z", "z8", "y")
@@ -107,19 +106,6 @@ class StepBuffers:
 
 Z_CAST_IN_WOB = True  # DSV41_Z_CAST_IN_WOB overrides it
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-HANDOFF_EDGES = ("q", "partials", "xo", "z")  # Wqkv -> wq_b, attention -> combine -> wo_a -> wo_b
-_HANDOFF_WORDS: dict[torch.device, torch.Tensor] = {}
-
-
-def step_handoffs(device: torch.device) -> dict[str, Handoff]:
-    """The flag hand-offs of the one-token chain (``pdl.py``), one set of words a device: the
-    launches of a stream run one after another, and every step leaves the words at 0."""
-    if device not in _HANDOFF_WORDS:
-        _HANDOFF_WORDS[device] = torch.zeros(
-            len(HANDOFF_EDGES), HANDOFF_WORDS, dtype=torch.int32, device=device
-        )
-    words = _HANDOFF_WORDS[device]
-    return {edge: Handoff(words[i]) for i, edge in enumerate(HANDOFF_EDGES)}
 
 
 def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
@@ -170,11 +156,7 @@ def launch_step(
     """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
-    m = x.shape[0]
-    flags = handoffs_enabled() and pdl_enabled(m) and norm_in_wq_b(layer, m, x.device)
-    ho = step_handoffs(x.device) if flags else dict.fromkeys(HANDOFF_EDGES)
-    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"],
-            arrive=ho["q"])  # fmt: skip
+    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
 
     def norm(qr8, prefetch=None) -> None:
         norm_rope_insert(
@@ -201,7 +183,7 @@ def launch_step(
         if wq_b_prefetches():
             ahead = RecordsAhead(key_table, window_cache, compressed_cache)
         mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                records=ahead, wait=ho["q"])  # fmt: skip
+                records=ahead)  # fmt: skip
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
     else:
@@ -224,21 +206,16 @@ def launch_step(
         heads_per_group=model.heads_per_group,
         splits=splits,
         records_ready=side is not None,  # the insert joined by an event, not a PDL edge
-        arrive=ho["xo"],
-        inner=ho["partials"],
     )
     if z_cast_in_wo_b(layer, x.shape[0], x.device):
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"], wait=ho["xo"],
-                arrive=ho["z"])  # fmt: skip
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
         mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,
-                scratch=scratch["wo_b"], wait=ho["z"])  # fmt: skip
+                scratch=scratch["wo_b"])  # fmt: skip
     else:
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"], wait=ho["xo"],
-                arrive=ho["z"])  # fmt: skip
-        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"],
-                wait=ho["z"])  # fmt: skip
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
+        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
     return {
         "qkv": out.qkv,
         "kv": out.kv,

@@ -48,16 +48,7 @@ from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
-from dsv41.nvidia.ops.pdl import (
-    Handoff,
-    handoff_args,
-    handoff_arrive_tl,
-    handoff_done_tl,
-    handoff_wait_tl,
-    pdl_enabled,
-    pdl_launch_options,
-    pdl_prologue_tl,
-)
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import (
     prefetch_records_tl,
     record_ptrs_tl,
@@ -257,8 +248,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, ho_arrive_ptr=None,
-    HO_ARRIVE: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -266,8 +256,7 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row. ``HO_ARRIVE``:
-    the program counts itself on the next launch's hand-off words after its stores (``pdl.py``)."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -346,7 +335,6 @@ def mega_attention_kernel(
         tl.store(part_o_ptr + (at * HT + hh[:, None]) * _HEAD_DIM + d[None, :], acc)
         tl.store(part_stat_ptr + at * (2 * HT) + hh, m_i)
         tl.store(part_stat_ptr + at * (2 * HT) + HT + hh, l_i)
-    handoff_arrive_tl(HO_ARRIVE, ho_arrive_ptr)
     if TRACE:
         tl.store(stamps + 5, globaltimer_tl(pid))
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
@@ -381,15 +369,12 @@ def mega_attention_combine_kernel(
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
     CH: tl.constexpr, USE_PDL: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
     HW: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, WIDE: tl.constexpr = False,
-    ho_arrive_ptr=None, ho_wait_ptr=None, ho_producers=0, ho_programs=0,
-    HO_ARRIVE: tl.constexpr = False, HO_WAIT: tl.constexpr = False,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
     splits' partials rescaled to their common max and summed (in split order, or all read at
     once and summed as a tree: ``WIDE``, ``combine_wide``), then the epilogue.
     ``TRACE``: this program's stamps in ``trace_ptr``'s row (start, wait over, end, SM); ``HW``
-    (the GPU): the bf16 round is the hardware's cast. ``HO_WAIT`` / ``HO_ARRIVE``: flag
-    hand-offs with attention / the next launch in place of PDL's wait (``pdl.py``)."""
+    (the GPU): the bf16 round is the hardware's cast."""
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
     if TRACE:
@@ -406,7 +391,7 @@ def mega_attention_combine_kernel(
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     c, s = _rope_angles_tl(d0, pos, max_pos, cos_ptr, sin_ptr, W)
-    handoff_wait_tl(USE_PDL, HO_WAIT, ho_wait_ptr, ho_producers)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
     if WIDE:  # every split's (max, sum) and o partial in one load each, all in flight at once
@@ -431,8 +416,6 @@ def mega_attention_combine_kernel(
         acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr, H, G, CH,
         W, HW,
     )  # fmt: skip
-    handoff_arrive_tl(HO_ARRIVE, ho_arrive_ptr)
-    handoff_done_tl(HO_WAIT, ho_wait_ptr, ho_programs)
     if TRACE:
         tl.store(stamps + 5, globaltimer_tl(pid))
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
@@ -537,8 +520,6 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
-    arrive: Handoff | None = None,
-    inner: Handoff | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -558,9 +539,7 @@ def mega_attention(
     - ``records_ready``: no kernel that may still run when this launch starts writes the
       caches (the caller ordered the record insert before it with a full stream dependency);
       by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
-      PDL wait (``early_keys``);
-    - ``arrive``: the next launch's flag hand-off (``pdl.py``), counted on by the last kernel;
-      ``inner``: the hand-off from attention to its combine (with ``arrive``, several splits).
+      PDL wait (``early_keys``).
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -637,9 +616,6 @@ def mega_attention(
         raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
                          f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
                          f"on {trace.device}")  # fmt: skip
-    if (arrive is not None or inner is not None) and not pdl:
-        raise ValueError(f"arrive / inner: flag hand-offs are PDL edges; PDL is off at M = {tokens}")
-    to_combine, last_arrive = (inner, arrive) if splits > 1 else (arrive, None)
     mega_attention_kernel[(tiles, splits)](
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
@@ -653,7 +629,6 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        **handoff_args(to_combine, None, tiles * splits),
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
@@ -665,7 +640,6 @@ def mega_attention(
             CH=ch, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
             SPLIT_PAD=triton.next_power_of_2(splits), WIDE=combine_wide(splits),
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
-            **handoff_args(last_arrive, to_combine, math.prod(grid)),
             **pdl_launch_options(pdl),
         )  # fmt: skip
     return xo, xo_codes, lse

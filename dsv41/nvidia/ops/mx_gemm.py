@@ -62,15 +62,7 @@ from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
-from dsv41.nvidia.ops.pdl import (
-    Handoff,
-    handoff_args,
-    handoff_arrive_tl,
-    handoff_done_tl,
-    handoff_wait_tl,
-    pdl_enabled,
-    pdl_launch_options,
-)
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import RecordsAhead, prefetch_share_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
@@ -353,18 +345,11 @@ def mx_gemm_kernel(
     RP_FMT: tl.constexpr = 0,
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
-    ho_arrive_ptr=None,
-    ho_wait_ptr=None,
-    ho_producers=0,
-    ho_programs=0,
-    HO_ARRIVE: tl.constexpr = False,
-    HO_WAIT: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
     hardware's conversions. ``RP_PER`` > 0: before the PDL wait each program asks the L2 for its
-    share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``).
-    ``HO_WAIT`` / ``HO_ARRIVE``: the flag hand-offs of ``pdl.py`` in place of PDL's wait."""
+    share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -393,7 +378,7 @@ def mx_gemm_kernel(
         prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slots,
                           rp_comp_slots, RP_PER, RP_PAD, RP_TOTAL, RP_FMT, RP_WIN_BLOCK,
                           RP_COMP_BLOCK)  # fmt: skip
-    handoff_wait_tl(USE_PDL, HO_WAIT, ho_wait_ptr, ho_producers)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -528,8 +513,6 @@ def mx_gemm_kernel(
                 c.to(tl.uint8),
                 mask=row_ok[:, None] & (cn < N // _MX)[None, :],
             )
-    handoff_arrive_tl(HO_ARRIVE, ho_arrive_ptr)
-    handoff_done_tl(HO_WAIT, ho_wait_ptr, ho_programs)
     if TRACE:  # (start, PDL wait over, end: ns; SM) of this program
         prog = (pid_m * tl.num_programs(1) + pid_k) * tl.num_programs(0) + pid_n
         at = trace_ptr + prog.to(tl.int64) * _TRACE_FIELDS
@@ -777,8 +760,6 @@ def mx_gemm(
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
     records: RecordsAhead | None = None,
-    arrive: Handoff | None = None,
-    wait: Handoff | None = None,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -792,7 +773,6 @@ def mx_gemm(
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
     the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
-    ``arrive`` / ``wait``: flag hand-offs with the next / previous launch (``pdl.py``; PDL on).
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -900,8 +880,6 @@ def mx_gemm(
         part = tickets = out
     o8v, o8c = out8 if quant else a8_out if a8_out is not None else (out, out)
     pdl = pdl_enabled(m)
-    if (arrive is not None or wait is not None) and not pdl:
-        raise ValueError(f"arrive / wait: flag hand-offs are PDL edges; PDL is off at M = {m}")
     mx_gemm_kernel[grid](
         a_val,
         a_codes,
@@ -947,7 +925,6 @@ def mx_gemm(
         TRACE=trace is not None,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and not interpreting() else {}),
-        **handoff_args(arrive, wait, math.prod(grid)),
         **pdl_launch_options(pdl),
     )
     return out
