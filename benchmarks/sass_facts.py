@@ -125,6 +125,7 @@ def facts(fn, args: tuple, kwargs: dict, dump: Path | None = None) -> dict:
                                text=True, check=True).stdout  # fmt: skip
     if dump is not None:
         dump.with_suffix(".ptx").write_text(kernel.asm["ptx"])
+        dump.with_suffix(".ttgir").write_text(kernel.asm["ttgir"])
         dump.with_suffix(".sass").write_text(sass)
     lines = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", sass, flags=re.MULTILINE)
     wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), None)
