@@ -114,8 +114,7 @@ def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
     if not env_flag("DSV41_NORM_IN_WQB", True):
         return False
     n, k, _, _ = gemm_shapes(layer.dims)["wq_b"]
-    return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device),
-                       site="wq_b").gemv  # fmt: skip
+    return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
 
 
 def wq_b_prefetches() -> bool:
@@ -137,9 +136,9 @@ def z_cast_in_wo_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
         return False
     sms, shapes = sm_count(device), gemm_shapes(layer.dims)
     n, k, npg, _ = shapes["wo_a"]
-    wo_a = gemm_config(m, n, k, n_per_group=npg, quant_out=False, sms=sms, site="wo_a")
+    wo_a = gemm_config(m, n, k, n_per_group=npg, quant_out=False, sms=sms)
     n, k, _, _ = shapes["wo_b"]
-    wo_b = gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sms, site="wo_b")
+    wo_b = gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sms)
     return wo_a.gemv and wo_a.split_k == 1 and wo_b.gemv
 
 
@@ -157,7 +156,7 @@ def launch_step(
     """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
-    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"], site="wqkv")
+    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
 
     def norm(qr8, prefetch=None) -> None:
         norm_rope_insert(
@@ -184,13 +183,12 @@ def launch_step(
         if wq_b_prefetches():
             ahead = RecordsAhead(key_table, window_cache, compressed_cache)
         mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                records=ahead, site="wq_b")  # fmt: skip
+                records=ahead)  # fmt: skip
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
     else:
         norm(out.qr8)
-        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                site="wq_b")  # fmt: skip
+        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
     # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
     splits, _ = attention_splits(
         bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
@@ -211,14 +209,13 @@ def launch_step(
     )
     if z_cast_in_wo_b(layer, x.shape[0], x.device):
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"], site="wo_a")  # fmt: skip
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
         mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,
-                scratch=scratch["wo_b"], site="wo_b")  # fmt: skip
+                scratch=scratch["wo_b"])  # fmt: skip
     else:
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"], site="wo_a")  # fmt: skip
-        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"],
-                site="wo_b")  # fmt: skip
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
+        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
     return {
         "qkv": out.qkv,
         "kv": out.kv,

@@ -351,8 +351,7 @@ from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
 fmt, prefetch = int(sys.argv[1]), sys.argv[2] == "1"
 consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
               KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
-              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False,
-              PARTS_BF16=False)
+              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
 kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
          "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
          "part_stat_ptr": "*fp32", "qk_scale": "fp32"}

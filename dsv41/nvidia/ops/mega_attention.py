@@ -248,7 +248,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, PARTS_BF16: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -332,10 +332,7 @@ def mega_attention_kernel(
         # Partials of (token, tile) `pid`, split `split`: o [HT, 512] and (max, sum) [2, HT].
         hh = tl.arange(0, HT)
         at = pid.to(tl.int64) * SPLITS + split
-        if PARTS_BF16:  # rounded to nearest even (exact in bf16 after bf16_rn_tl)
-            acc = bf16_rn_tl(acc, DOT_BF16)
-        tl.store(part_o_ptr + (at * HT + hh[:, None]) * _HEAD_DIM + d[None, :],
-                 acc.to(part_o_ptr.dtype.element_ty))  # fmt: skip
+        tl.store(part_o_ptr + (at * HT + hh[:, None]) * _HEAD_DIM + d[None, :], acc)
         tl.store(part_stat_ptr + at * (2 * HT) + hh, m_i)
         tl.store(part_stat_ptr + at * (2 * HT) + HT + hh, l_i)
     if TRACE:
@@ -358,7 +355,7 @@ def _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT: tl.constexpr,
     l_t = tl.load(stat + HT, mask=t_ok[:, None], other=0.0)
     cols = d0 + tl.arange(0, W)
     part = part_o_ptr + ((first[:, None] * HT + hh[None, :]) * _HEAD_DIM)[:, :, None] + cols
-    o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0).to(tl.float32)
+    o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0)
     m_i = tl.max(m_t, axis=0)
     m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
     w = tl.exp2(m_t - m_ref[None, :])  # 0 for a padded split and one without keys
@@ -414,7 +411,7 @@ def mega_attention_combine_kernel(
         for t in tl.static_range(SPLITS):
             w = tl.exp2(tl.load(stats + t * (2 * HT)) - m_ref)
             l_i += w * tl.load(stats + (t * (2 * HT) + HT))
-            acc += w[:, None] * tl.load(parts + t * (HT * _HEAD_DIM)).to(tl.float32)
+            acc += w[:, None] * tl.load(parts + t * (HT * _HEAD_DIM))
     _epilogue_tl(
         acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr, H, G, CH,
         W, HW,
@@ -440,14 +437,6 @@ def combine_wide(splits: int) -> bool:
     """Whether the combine reads every split's partials in one load each (``_combine_wide_tl``):
     ``DSV41_COMBINE_WIDE`` (1 or 0) when set, else from ``COMBINE_WIDE_SPLITS`` splits on."""
     return bool(env_flag("DSV41_COMBINE_WIDE", splits >= COMBINE_WIDE_SPLITS))
-
-
-def bf16_partials() -> bool:
-    """Whether the splits' o partials are stored in bf16 (rounded to nearest even) rather than
-    fp32: ``DSV41_ATTN_BF16_PARTS`` (1 or 0), off by default. Half the bytes attention stores
-    and its combine reads; each partial's rounding is one bf16 ulp, as o's own round after
-    the combine; the (max, sum) stats stay fp32."""
-    return env_flag("DSV41_ATTN_BF16_PARTS", False)
 
 
 def early_keys() -> bool:
@@ -611,9 +600,7 @@ def mega_attention(
     if tokens == 0:
         return xo, xo_codes, lse
     parts = tiles * splits * HEAD_TILE if splits > 1 else 0
-    parts_bf16 = bf16_partials()
-    part_o = torch.empty(parts, HEAD_DIM, dtype=torch.bfloat16 if parts_bf16 else torch.float32,
-                         device=device)  # fmt: skip
+    part_o = torch.empty(parts, HEAD_DIM, dtype=torch.float32, device=device)
     part_stat = torch.empty(2 * parts, dtype=torch.float32, device=device)
     comp = compressed_cache if compressed_cache is not None else window_cache
     xo_bytes = xo.view(torch.uint8)
@@ -642,7 +629,6 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        PARTS_BF16=parts_bf16,
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:

@@ -572,12 +572,12 @@ def gemv_max_steps() -> int:
     return env_int("DSV41_GEMV_STEPS", GEMV_MAX_STEPS, lambda v: 1 <= v <= 8, "1 .. 8")
 
 
-def _tile_bytes(name: str, default: int, off: bool = False, most: int = 32768) -> int:
-    """``$name`` as a tile's weight bytes (a power of two, 4096 .. ``most``; with ``off`` also
-    0) when set, else ``default``."""
+def _tile_bytes(name: str, default: int, off: bool = False) -> int:
+    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 32768; with ``off`` also 0)
+    when set, else ``default``."""
     return env_int(name, default,
-                   lambda v: (off and v == 0) or (4096 <= v <= most and v & (v - 1) == 0),
-                   ("0 or " if off else "") + f"a power of two 4096 .. {most}")  # fmt: skip
+                   lambda v: (off and v == 0) or (4096 <= v <= 32768 and v & (v - 1) == 0),
+                   ("0 or " if off else "") + "a power of two 4096 .. 32768")  # fmt: skip
 
 
 def gemv_tile() -> int:
@@ -603,16 +603,11 @@ def _pow2_dividing(k: int, cap: int) -> int:
     return block
 
 
-def gemv_tail_tile(site: str | None = None) -> int:
+def gemv_tail_tile() -> int:
     """Weight bytes of a one-token whole-row tile whose K takes a tail or exceeds
-    ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: for a GEMM ``site`` (the
-    step's name of it) ``DSV41_GEMV_TAIL_<SITE>`` (0: off, or a power of two 4096 .. 65536)
-    when set, else ``DSV41_GEMV_TAIL`` (0 or 4096 .. 32768) when set, else
-    ``GEMV_TAIL_BYTES``."""
-    every = _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
-    if site is None:
-        return every
-    return _tile_bytes(f"DSV41_GEMV_TAIL_{site.upper()}", every, off=True, most=65536)
+    ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
+    or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
+    return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
 
 
 def _head_tail(k: int) -> tuple[int, int]:
@@ -625,15 +620,13 @@ def _head_tail(k: int) -> tuple[int, int]:
     return head, tail
 
 
-def gemv_config(
-    m: int, n_per_group: int, k: int, *, quant_out: bool, site: str | None = None
-) -> GemmConfig:
+def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
     """Whole rows where they fit ``gemv_tile()`` bytes (at one token ``gemv_tail_tile()``
     bytes, unless that is 0) with no split-K sum in <= ``gemv_max_steps()`` unrolled K steps;
     at one token, where they fit ``gemv_tail_tile()`` bytes, as a power-of-two tile and a tail;
     else ``gemv_split_tile()`` bytes a tile, split over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
-    one = gemv_tail_tile(site) if m == 1 else 0  # one token: the bytes of a whole-row tile
+    one = gemv_tail_tile() if m == 1 else 0  # one token: the bytes of a whole-row tile
     # (H200, tp 4, M = 1: wo_b in 16 rows of 2048, 27.7 / 27.7 us against 8 rows, 29.5 / 28.7)
     rows = min(GEMV_BLOCK_N[1], (one or gemv_tile()) // k)
     head, tail = _head_tail(k)
@@ -658,7 +651,7 @@ def gemv_config(
 
 def gemm_config(
     m: int, n: int, k: int, *, n_per_group: int, quant_out: bool, sms: int,
-    block_k_max: int = BLOCK_K_MAX, gemv_ok: bool = True, site: str | None = None,
+    block_k_max: int = BLOCK_K_MAX, gemv_ok: bool = True,
 ) -> GemmConfig:  # fmt: skip
     """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
 
@@ -667,7 +660,7 @@ def gemm_config(
     """
     m = bucket_for(m)
     if gemv_ok and m <= gemv_max_m():
-        return gemv_config(m, n_per_group, k, quant_out=quant_out, site=site)
+        return gemv_config(m, n_per_group, k, quant_out=quant_out)
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
     block_n = 64 if n_per_group % 64 == 0 else 32
@@ -767,7 +760,6 @@ def mx_gemm(
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
     records: RecordsAhead | None = None,
-    site: str | None = None,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -781,7 +773,6 @@ def mx_gemm(
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
     the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
-    ``site``: the step's name of this GEMM, for its one-token tile switch (``gemv_tail_tile``).
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -835,7 +826,7 @@ def mx_gemm(
     cfg = config or gemm_config(
         m, n, k, n_per_group=n_per_group, quant_out=quant, sms=sm_count(dev),
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
-        gemv_ok=mode != A_O, site=site,
+        gemv_ok=mode != A_O,
     )  # fmt: skip
     if a8_out is not None:
         if mode != A_CAST or quant or not cfg.gemv:
