@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -19,7 +19,7 @@
 # session 18 (run in its call 1; the late release was removed after it); s18b .. s18e: session
 # 18, calls 2 to 5 (the attention insert of s18b .. s18d, DSV41_ATTN_INSERT, removed after them).
 # s19, s19b: session 19's calls 1 and 2 (the flag hand-offs, DSV41_HANDOFF, removed after them);
-# s19c: call 3 (per-site 64 KB tiles and bf16 attention partials, removed after it).
+# s19c: call 3 (per-site 64 KB tiles and bf16 attention partials, removed after it); s19d: call 4.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -980,4 +980,13 @@ if [ "$what" = s19c ]; then
   for sets in "" DSV41_GEMV_TAIL_WQKV=65536 DSV41_GEMV_TAIL_WO_A=65536 DSV41_ATTN_BF16_PARTS=1; do
     v "$sets" --backend nvidia --tp 2 --tokens 1
   done
+fi
+if [ "$what" = s19d ]; then
+  # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
+  # their PDL wait (DSV41_WOB_PREFETCH=1), A/B twice at tp 4 and once at tp 2, one and two
+  # tokens; the GEMM and attention trace with it on.
+  for r in 1 2; do ab DSV41_WOB_PREFETCH "0 1" --backend nvidia --tp 4 --tokens 1,2; done
+  ab DSV41_WOB_PREFETCH "0 1" --backend nvidia --tp 2 --tokens 1,2
+  DSV41_WOB_PREFETCH=1 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
+    --attn-trace 2>&1 | tail -10
 fi
