@@ -99,6 +99,8 @@ def signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
             sig[name], consts[name] = "constexpr", None
         elif isinstance(value, float):
             sig[name] = "fp32"
+        elif name not in skip and int(value) == 1:  # Triton specializes a 1 as a constexpr
+            sig[name], consts[name] = "constexpr", 1
         else:
             sig[name] = "i32" if -(2**31) <= int(value) < 2**31 else "i64"
             if name not in skip and int(value) % 16 == 0:

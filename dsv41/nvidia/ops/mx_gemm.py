@@ -294,7 +294,7 @@ def o_fused_tile_tl(o_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, s
     return bf16_round_tl(tl.reshape(tl.join(r0, r1), (BLOCK_M, BLOCK_K)))
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "wa_w_bytes", "wa_w_chunks", "wa_s_bytes", "wa_s_chunks"])
 def mx_gemm_kernel(
     a_ptr,
     a_codes_ptr,
