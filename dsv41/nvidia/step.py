@@ -46,7 +46,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     sm_count,
 )
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
-from dsv41.nvidia.ops.record_prefetch import RecordsAhead, WeightsAhead
+from dsv41.nvidia.ops.record_prefetch import RecordsAhead
 
 STEP_SEAMS = ("qkv", "kv", "q", "xo", "lse", "z", "z8", "y")
 GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
@@ -125,14 +125,6 @@ def wq_b_prefetches() -> bool:
     40.3 / 40.2 against 40.8 / 40.6 / 40.8; tp 2, M = 1 37.3 against 37.6, M = 2 65.0 against
     64.7."""
     return env_flag("DSV41_WQB_PREFETCH", True)
-
-
-def wo_a_prefetches(m: int) -> bool:
-    """Whether wo_a's programs ask the L2 for wo_b's weights before their PDL wait, at one and
-    two tokens (PDL on; GPU only): ``DSV41_WOB_PREFETCH`` (1 or 0), off by default. wo_b's
-    programs find no room while wo_a's, attention's and the combine's are resident, so they
-    start, and ask HBM for their weights, only as wo_a ends."""
-    return m <= 2 and bool(env_flag("DSV41_WOB_PREFETCH", False))
 
 
 def z_cast_in_wo_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
@@ -215,17 +207,14 @@ def launch_step(
         splits=splits,
         records_ready=side is not None,  # the insert joined by an event, not a PDL edge
     )
-    ahead = WeightsAhead(layer.wo_b, layer.wo_b_scale) if wo_a_prefetches(x.shape[0]) else None
     if z_cast_in_wo_b(layer, x.shape[0], x.device):
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"],
-                weights_ahead=ahead)  # fmt: skip
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
         mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,
                 scratch=scratch["wo_b"])  # fmt: skip
     else:
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"],
-                weights_ahead=ahead)  # fmt: skip
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
         mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
     return {
         "qkv": out.qkv,

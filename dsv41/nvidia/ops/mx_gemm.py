@@ -63,12 +63,7 @@ from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
-from dsv41.nvidia.ops.record_prefetch import (
-    RecordsAhead,
-    WeightsAhead,
-    prefetch_range_tl,
-    prefetch_share_tl,
-)
+from dsv41.nvidia.ops.record_prefetch import RecordsAhead, prefetch_share_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
@@ -294,7 +289,7 @@ def o_fused_tile_tl(o_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, s
     return bf16_round_tl(tl.reshape(tl.join(r0, r1), (BLOCK_M, BLOCK_K)))
 
 
-@triton.jit(do_not_specialize=["M", "wa_w_bytes", "wa_w_chunks", "wa_s_bytes", "wa_s_chunks"])
+@triton.jit(do_not_specialize=["M"])
 def mx_gemm_kernel(
     a_ptr,
     a_codes_ptr,
@@ -350,20 +345,11 @@ def mx_gemm_kernel(
     RP_FMT: tl.constexpr = 0,
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
-    wa_w_ptr=None,
-    wa_w_bytes=0,
-    wa_w_chunks=0,
-    wa_s_ptr=None,
-    wa_s_bytes=0,
-    wa_s_chunks=0,
-    WEIGHTS_AHEAD: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
     hardware's conversions. ``RP_PER`` > 0: before the PDL wait each program asks the L2 for its
-    share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``).
-    ``WEIGHTS_AHEAD``: before the wait each program asks the L2 for its share of the next GEMM's
-    weights and scales (``WeightsAhead``)."""
+    share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -392,10 +378,6 @@ def mx_gemm_kernel(
         prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slots,
                           rp_comp_slots, RP_PER, RP_PAD, RP_TOTAL, RP_FMT, RP_WIN_BLOCK,
                           RP_COMP_BLOCK)  # fmt: skip
-    if WEIGHTS_AHEAD:  # no step kernel writes weights: safe before the wait
-        prog = (pid_m * SPLIT_K + pid_k) * tl.num_programs(0) + pid_n
-        prefetch_range_tl(wa_w_ptr, wa_w_bytes, prog * wa_w_chunks, wa_w_chunks)
-        prefetch_range_tl(wa_s_ptr, wa_s_bytes, prog * wa_s_chunks, wa_s_chunks)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
@@ -778,7 +760,6 @@ def mx_gemm(
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
     records: RecordsAhead | None = None,
-    weights_ahead: WeightsAhead | None = None,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -792,8 +773,6 @@ def mx_gemm(
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
     the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
-    ``weights_ahead``: the next GEMM's weights, which the programs ask the L2 for before their
-    wait (GPU only, as ``records``).
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -946,8 +925,6 @@ def mx_gemm(
         TRACE=trace is not None,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and not interpreting() else {}),
-        **(weights_ahead.kernel_args(math.prod(grid)) | {"WEIGHTS_AHEAD": True}
-           if weights_ahead is not None and not interpreting() else {}),
         **pdl_launch_options(pdl),
     )
     return out

@@ -1,5 +1,4 @@
-"""Key-table records for the NVIDIA kernels: their addresses, and asking the L2 for them (and
-for the next GEMM's weights: ``WeightsAhead``).
+"""Key-table records for the NVIDIA kernels: their addresses, and asking the L2 for them.
 
 ``record_ptrs_tl`` turns key-table entries into the uint8 addresses of their records (data row,
 scale codes) in the window or the compressed cache; ``prefetch_records_tl`` asks the L2 for
@@ -137,60 +136,3 @@ def prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slot
                                         rp_win_ptr, rp_comp_ptr, rp_window_slots, rp_comp_slots,
                                         RP_FMT, RP_WIN_BLOCK, RP_COMP_BLOCK, True)  # fmt: skip
     prefetch_records_tl(data, codes, valid, RP_FMT)
-
-
-# A program's share of a contiguous byte range asked of the L2 (``prefetch_range_tl``): thread t
-# of the program (t < $4) issues one bulk prefetch of chunk $2 + t (16 KB, the last one shorter).
-PREFETCH_CHUNK = 16384
-_PREFETCH_RANGE = tl.constexpr(
-    "{ .reg .pred p, q; .reg .u32 t, size; .reg .u64 at, left;\n"
-    "mov.u32 t, %tid.x;\n"
-    "setp.lt.u32 p, t, $4;\n"
-    "cvt.u64.u32 at, t;\n"
-    "add.u64 at, at, $2;\n"
-    f"mul.lo.u64 at, at, {PREFETCH_CHUNK};\n"
-    "setp.lt.u64 q, at, $3;\n"
-    "and.pred p, p, q;\n"
-    "sub.u64 left, $3, at;\n"
-    f"min.u64 left, left, {PREFETCH_CHUNK};\n"
-    "cvt.u32.u64 size, left;\n"
-    "add.u64 at, at, $1;\n"
-    "@p cp.async.bulk.prefetch.L2.global [at], size;\n"
-    "mov.b32 $0, 0; }"
-)
-
-
-@triton.jit
-def prefetch_range_tl(ptr, nbytes, first, chunks):
-    """Ask the L2 for chunks ``first .. first + chunks`` (``PREFETCH_CHUNK`` bytes each) of the
-    ``nbytes`` (a multiple of 16) from ``ptr`` (16-B aligned): one bulk prefetch a chunk, each
-    from its own thread of the program. Nothing is read into registers."""
-    tl.inline_asm_elementwise(
-        _PREFETCH_RANGE, "=r,l,l,l,r",
-        [ptr.to(tl.int64), first.to(tl.int64), nbytes.to(tl.int64), chunks.to(tl.int32)],
-        dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightsAhead:
-    """The weight and scale bytes the next GEMM streams, for a GEMM before it to ask the L2 for
-    before its PDL wait (``mx_gemm``'s ``weights_ahead``): no kernel of a step writes weights."""
-
-    w: torch.Tensor  # e4m3 [N, K], contiguous
-    w_scale: torch.Tensor  # uint8 [N, K / 32], contiguous
-
-    def kernel_args(self, programs: int) -> dict:
-        """A launch of ``programs`` programs' arguments (``wa_*``): each asks for its share of
-        both tensors' 16-KB chunks."""
-        args = {}
-        for name, t in (("w", self.w), ("s", self.w_scale)):
-            if not t.is_contiguous() or t.data_ptr() % 16 or t.numel() * t.element_size() % 16:
-                raise ValueError(f"weights_ahead: {name} must be contiguous, 16-B aligned and a "
-                                 f"multiple of 16 bytes, got {list(t.shape)} {t.stride()}")
-            nbytes = t.numel() * t.element_size()
-            args[f"wa_{name}_ptr"] = t
-            args[f"wa_{name}_bytes"] = nbytes
-            chunks = -(-nbytes // PREFETCH_CHUNK)
-            args[f"wa_{name}_chunks"] = -(-chunks // programs)
-        return args
