@@ -56,7 +56,7 @@ def mma_block_kernel(w_ptr, a_ptr, out_ptr):
     b0 = tl.load(x + 2 * t, mask=col0, other=0)
     b1 = tl.load(x + 2 * t + 1, mask=col0, other=0)
     z = tl.zeros([32], tl.float32)
-    d0, d1, d2, d3 = tl.inline_asm_elementwise(
+    d0, _d1, d2, _d3 = tl.inline_asm_elementwise(  # D columns 0 (d0, d2) and 1 (the _s)
         _MMA, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, z, z, z, z],
         dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
     )  # fmt: skip
