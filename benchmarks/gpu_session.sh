@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -20,7 +20,8 @@
 # 18, calls 2 to 5 (the attention insert of s18b .. s18d, DSV41_ATTN_INSERT, removed after them).
 # s19, s19b: session 19's calls 1 and 2 (the flag hand-offs, DSV41_HANDOFF, removed after them);
 # s19c: call 3 (per-site 64 KB tiles and bf16 attention partials, removed after it); s19d: call 4 (run twice: first on a tree
-# that did not compile the prefetch; wo_a's prefetch of wo_b's weights, removed after it).
+# that did not compile the prefetch; wo_a's prefetch of wo_b's weights, removed after it); s19e:
+# call 6.
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -989,5 +990,18 @@ if [ "$what" = s19d ]; then
   for r in 1 2; do ab DSV41_WOB_PREFETCH "0 1" --backend nvidia --tp 4 --tokens 1,2; done
   ab DSV41_WOB_PREFETCH "0 1" --backend nvidia --tp 2 --tokens 1,2
   DSV41_WOB_PREFETCH=1 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
+    --attn-trace 2>&1 | tail -10
+fi
+if [ "$what" = s19e ]; then
+  # Session 19, call 6 (about 5 minutes): wo_a at one token on e4m3 tensor cores
+  # (DSV41_GEMV_MMA=1, gemv_mma): its GPU test; nvidia's step tests with it; A/B twice at tp 4
+  # and once at tp 2, one token; the trace with it on.
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_mma_gpu.py \
+    --timeout 50 2>&1 | tail -3
+  DSV41_GEMV_MMA=1 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
+  for r in 1 2; do ab DSV41_GEMV_MMA "0 1" --backend nvidia --tp 4 --tokens 1; done
+  ab DSV41_GEMV_MMA "0 1" --backend nvidia --tp 2 --tokens 1
+  DSV41_GEMV_MMA=1 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
     --attn-trace 2>&1 | tail -10
 fi
