@@ -19,9 +19,10 @@
 # session 18 (run in its call 1; the late release was removed after it); s18b .. s18e: session
 # 18, calls 2 to 5 (the attention insert of s18b .. s18d, DSV41_ATTN_INSERT, removed after them).
 # s19, s19b: session 19's calls 1 and 2 (the flag hand-offs, DSV41_HANDOFF, removed after them);
-# s19c: call 3 (per-site 64 KB tiles and bf16 attention partials, removed after it); s19d: call 4 (run twice: first on a tree
-# that did not compile the prefetch; wo_a's prefetch of wo_b's weights, removed after it); s19e:
-# call 6.
+# s19c: call 3 (per-site 64 KB tiles and bf16 attention partials, removed after it); s19d:
+# calls 4 and 5 (call 4's tree did not compile the prefetch; wo_a's prefetch of wo_b's weights,
+# removed after them); s19e: call 7 (wo_a on e4m3 mma.sync, DSV41_GEMV_MMA, removed after it;
+# call 6 ran mma_probe.py).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

@@ -1,14 +1,15 @@
-"""Probe: one MX block's dots on e4m3 tensor cores from a Triton kernel (GPU; groundwork, no
-kernel of the step uses it).
+"""Probe: one MX block's dots on e4m3 ``mma.sync`` from a Triton kernel (GPU; no kernel of the
+step uses it).
 
 The one-token GEMV programs are issue-bound after their PDL wait (BENCHMARKS.md, session 19):
 on CUDA cores a weight byte costs about 2.5 instructions at best (e4m3 -> f16 pairs, f16 ->
 f32, an FMA) and 4 to 7 with the rest. ``mma.sync.m16n8k32`` on e4m3 operands takes 16 weight
-rows x 32 columns (one MX block, 512 bytes) in one warp instruction, with the weights' own
-bytes as its A fragment (no conversion, no more registers than the bytes), the activation's
-block as column 0 of B and fp32 sums. Triton has no such dot at one token, so the probe issues
-the instruction through ``tl.inline_asm_elementwise`` on tensors of one element a thread
-(``tl.arange(0, 32)`` in one warp: lane = element), each lane loading its own fragment.
+rows x 32 columns (one MX block, 512 bytes) a warp instruction, the weights' own bytes as its
+A fragment, the activation's block as column 0 of B, fp32 sums. Triton has no such dot at one
+token, so the probe issues the instruction through ``tl.inline_asm_elementwise`` on tensors of
+one element a thread (``tl.arange(0, 32)`` in one warp: lane = element), each lane loading its
+own fragment. On SM90 ptxas runs it as two f16 MMAs after converting both fragments (there is
+no e4m3 ``mma.sync`` there; session 19's wo_a on it was slower than the CUDA-core loop).
 
 The fragment's columns are a permutation of the block's 32: lane (g = lane // 4, t = lane % 4)
 holds bytes ``8t .. 8t + 7`` of rows g and g + 8 (two 4-byte words each: A's slots ``4t ..``

@@ -62,7 +62,6 @@ from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
-from dsv41.nvidia.ops.gemv_mma import gemv_mma, gemv_mma_enabled, gemv_mma_fits
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import RecordsAhead, prefetch_share_tl
 
@@ -774,8 +773,6 @@ def mx_gemm(
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
     the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
-    With ``DSV41_GEMV_MMA=1`` one token on an MXFP8 ``a`` with no ``config``, ``out8`` or
-    ``a8_out`` runs ``gemv_mma`` (e4m3 tensor cores) where it fits.
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -826,14 +823,6 @@ def mx_gemm(
     if quant:
         _check("out8 values", out8[0], E4M3, (m, n))
         _check("out8 codes", out8[1], torch.uint8, (m, n // MX_BLOCK))
-    if (config is None and mode == A_MX and not quant and a8_out is None and records is None
-            and gemv_mma_enabled() and gemv_mma_fits(m, n_per_group, k)):  # fmt: skip
-        trace = scratch.trace if scratch is not None else None
-        if trace is not None and (trace.dtype != torch.int64 or trace.shape[0] < n // 16
-                                  or tuple(trace.shape[1:]) != (TRACE_FIELDS,)):  # fmt: skip
-            raise ValueError(f"scratch.trace: expected int64 [>= {n // 16}, {TRACE_FIELDS}], "
-                             f"got {trace.dtype} {list(trace.shape)}")  # fmt: skip
-        return gemv_mma((a_val, a_codes), w, w_scale, out, n_per_group, trace=trace)
     cfg = config or gemm_config(
         m, n, k, n_per_group=n_per_group, quant_out=quant, sms=sm_count(dev),
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
