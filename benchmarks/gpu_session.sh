@@ -63,6 +63,19 @@ one_two_vs_old() {
   vs_old "$1" --backend nvidia --tp 2 --tokens 1,2
 }
 
+# switch_call VAR ON "TP4 VALUES" ["TP2 VALUES"]: nvidia's step tests with VAR=ON; A/B of the
+# values twice at tp 4 and once at tp 2 (TP2 VALUES, else the same), one token; the attention
+# trace with VAR=ON.
+switch_call() {
+  local var=$1 on=$2 tp4=$3 tp2=${4:-$3}
+  env "$var=$on" timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
+  for r in 1 2; do ab "$var" "$tp4" --backend nvidia --tp 4 --tokens 1; done
+  ab "$var" "$tp2" --backend nvidia --tp 2 --tokens 1
+  env "$var=$on" timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
+    --attn-trace 2>&1 | tail -10
+}
+
 # tables BACKENDS [tee]: every M at tp 4 then tp 2, rows tagged "tp T: "; with "tee" (a 200 s
 # limit a run, rows appended to $OUT/tables.txt) else each share's rows in $OUT/bench_tpT.json.
 tables() {
@@ -899,12 +912,7 @@ if [ "$what" = s18 ]; then
   # attention, 4 the combine; sums), so its weight loads stream after those reads instead of
   # beside them: nvidia's step tests with all three late; A/B twice at tp 4, once at tp 2, one
   # token; the attention trace with all three late.
-  DSV41_PDL_LATE=7 timeout 150 python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
-  for r in 1 2; do ab DSV41_PDL_LATE "0 4 6 7 1" --backend nvidia --tp 4 --tokens 1; done
-  ab DSV41_PDL_LATE "0 7" --backend nvidia --tp 2 --tokens 1
-  DSV41_PDL_LATE=7 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
-    --attn-trace 2>&1 | tail -10
+  switch_call DSV41_PDL_LATE 7 "0 4 6 7 1" "0 7"
 fi
 if [ "$what" = s18b ] || [ "$what" = s18c ]; then
   # Session 18, calls 2 and 3 (about 5 minutes each; the same commands on two trees, the
@@ -994,15 +1002,10 @@ if [ "$what" = s19d ]; then
     --attn-trace 2>&1 | tail -10
 fi
 if [ "$what" = s19e ]; then
-  # Session 19, call 6 (about 5 minutes): wo_a at one token on e4m3 tensor cores
-  # (DSV41_GEMV_MMA=1, gemv_mma): its GPU test; nvidia's step tests with it; A/B twice at tp 4
-  # and once at tp 2, one token; the trace with it on.
+  # Session 19, call 7 (about 5 minutes; DSV41_GEMV_MMA and its test were removed after it):
+  # wo_a at one token on e4m3 tensor cores (DSV41_GEMV_MMA=1, gemv_mma): its GPU test, then
+  # switch_call.
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_mma_gpu.py \
     --timeout 50 2>&1 | tail -3
-  DSV41_GEMV_MMA=1 timeout 150 python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
-  for r in 1 2; do ab DSV41_GEMV_MMA "0 1" --backend nvidia --tp 4 --tokens 1; done
-  ab DSV41_GEMV_MMA "0 1" --backend nvidia --tp 2 --tokens 1
-  DSV41_GEMV_MMA=1 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
-    --attn-trace 2>&1 | tail -10
+  switch_call DSV41_GEMV_MMA 1 "0 1"
 fi
