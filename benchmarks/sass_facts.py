@@ -7,13 +7,15 @@ caught launch is then compiled for SM90 (Triton's own ptxas) and described: regi
 spilled bytes, shared memory, SASS instructions, and those after the PDL wait (``ACQBULK``):
 what a program issues once its inputs are ready, the part of a one-token step that is on its
 critical path (BENCHMARKS.md, sessions 14 to 16). Pointer arguments count as 16-B aligned, as
-torch allocates them; an int argument divisible by 16 as such, as Triton specializes it. The
+torch allocates them; an int argument divisible by 16 as such, and one equal to 1 as the
+constexpr 1, as Triton specializes them (unless the kernel says not to). The
 installed Triton compiles (the H200 runs 3.6: put one first on the path to match it).
 
     python benchmarks/sass_facts.py --tp 4 --tokens 1 [--dump DIR]
 
-``--dump DIR`` also writes each launch's PTX and SASS there (``<n>_<kernel>.ptx`` / ``.sass``,
-n its place in the step), to read what follows a wait.
+``--dump DIR`` also writes each launch's TTGIR, PTX and SASS there (``<n>_<kernel>.ttgir`` /
+``.ptx`` / ``.sass``, n its place in the step), to read what follows a wait and which layouts
+Triton chose.
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fmt", default="fp8_ds_mla", choices=("fp8_ds_mla", "fp8_mx"),
                    help="record format (SM90 stores fp8_ds_mla)")
     p.add_argument("--json", help="write the rows to this file too")
-    p.add_argument("--dump", type=Path, help="write each launch's PTX and SASS to this folder")
+    p.add_argument("--dump", type=Path,
+                   help="write each launch's TTGIR, PTX and SASS to this folder")  # fmt: skip
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_facts: unset TRITON_INTERPRET (the launchers must pick the GPU's "
