@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-E4M3 = torch.float8_e4m3fn
+from dsv41.common.mx import E4M3
+
 _MMA = tl.constexpr(
     "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
     "{$8, $9}, {$10, $11, $12, $13};"
