@@ -23,7 +23,7 @@
 # calls 4 and 5 (call 4's tree did not compile the prefetch; wo_a's prefetch of wo_b's weights,
 # removed after them); s19e: call 7 (wo_a on e4m3 mma.sync, DSV41_GEMV_MMA, removed after it;
 # call 6 ran mma_probe.py). s20: session 20's call 1 (one token's block sums on f16 tensor
-# cores, DSV41_GEMV_TC: a new switch of that name, not session 16's).
+# cores, DSV41_GEMV_TC: a new switch of that name, not session 16's; removed after it).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -994,7 +994,8 @@ if [ "$what" = s19c ]; then
   done
 fi
 if [ "$what" = s20 ]; then
-  # Session 20, call 1 (about 7 minutes): one token's whole GEMV rows, 16 a program, with the
+  # Session 20, call 1 (about 5 minutes; DSV41_GEMV_TC was removed after it, code in 32d6031):
+  # one token's whole GEMV rows, 16 a program, with the
   # block sums on f16 tensor cores (DSV41_GEMV_TC: 1 every site, else the N of the sites that
   # do; tp 4: 1792 Wqkv, 8192 wq_b, 2048 wo_a, 5120 wo_b): the step tests with it on, A/B of
   # off, all and each site alone twice at tp 4, off and all at tp 2, the trace with it on.

@@ -33,7 +33,6 @@ from dsv41.nvidia.ops.mx_gemm import (
     GEMV_QUANT_TILE_BYTES,
     GEMV_SPLIT_TILE_BYTES,
     GEMV_TAIL_BYTES,
-    GEMV_TC,
     GEMV_TILE_BYTES,
     PROGRAMS_PER_SM,
     TRACE_FIELDS,
@@ -42,9 +41,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     Scratch,
     bucket_for,
     gemm_config,
-    gemv_tc,
     mx_gemm,
-    tc_shape,
 )
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert, prefetch_ahead
 from dsv41.nvidia.step import gemm_shapes
@@ -174,83 +171,6 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m, tail):
     if z8 is not None:
         assert_mx_close(z8, mxfp8_quantize(got))
     assert not scratch.tickets.any()
-
-
-@pytest.mark.parametrize("tail", [False, True])
-@pytest.mark.parametrize("site", ["wqkv", "wq_b", "wo_a", "wo_b"])
-def test_tensor_core_block_sums_match_the_reference(layer, site, tail):
-    """One token's whole rows with the block sums on tensor cores (``tc``: 16 rows a program,
-    each of 2 warps over its own columns; with ``tail`` K's second half as a second tile)
-    against each seam: x cast in the prologue; qr normalised in it (the same bits as the
-    CUDA-core loop); grouped MXFP8 xo; z cast with its MXFP8 stored (``a8_out``)."""
-    dims, model = layer.dims, layer.dims.model
-    npg, a8, norm = None, None, None
-    if site == "wqkv":
-        w, ws, a = layer.wqkv, layer.wqkv_scale, x_of(1, model.hidden, 51)
-        want = mx_linear(mxfp8_quantize(a), w, ws)
-    elif site == "wq_b":
-        w, ws = layer.wq_b, layer.wq_b_scale
-        a = (3 * x_of(1, model.q_rank, 61).float()).bfloat16()
-        norm = NormInput(a, layer.q_norm, model.eps)
-        want = mx_linear(mxfp8_quantize(rmsnorm(a, layer.q_norm, model.eps)), w, ws)
-    elif site == "wo_a":
-        w, ws, npg = layer.wo_a, layer.wo_a_scale, model.o_rank
-        a = mxfp8_quantize(x_of(1, dims.heads * model.head_dim, 71))
-        want = wo_a_grouped(layer, mxfp8_dequantize(*a)).reshape(1, dims.o_rows)
-    else:
-        w, ws, a = layer.wo_b, layer.wo_b_scale, x_of(1, layer.wo_b.shape[1], 96)
-        a8 = (torch.empty(1, a.shape[1], dtype=E4M3),
-              torch.empty(1, a.shape[1] // 32, dtype=torch.uint8))  # fmt: skip
-        want = mx_linear(mxfp8_quantize(a), w, ws)
-    k = w.shape[1]
-    cfg = GemmConfig(block_m=1, block_n=16, block_k=k // 2 if tail else k, split_k=1,
-                     num_warps=2, gemv=True, k_tail=k // 2 if tail else 0, tc=True)  # fmt: skip
-    got = mx_gemm(norm or a, w, ws, a8_out=a8, n_per_group=npg, config=cfg)
-    assert_bf16_close(got, want)
-    if norm is not None:
-        plain = GemmConfig(block_m=1, block_n=16, block_k=k, split_k=1, gemv=True)
-        assert_bf16_close(got, mx_gemm(norm, w, ws, config=plain), exact=0.99)
-    if a8 is not None:
-        assert torch.equal(a8[1], mxfp8_quantize(a)[1])
-
-
-def test_tensor_core_tiles_and_switch(monkeypatch):
-    """``tc_shape`` at the real widths (16 rows, about 256 columns a warp, a power-of-two head
-    and tail split evenly over the warps, at most 16) and none where no split exists;
-    ``gemv_tc`` reads ``DSV41_GEMV_TC``, and only a one-token config of a picked N uses it."""
-    assert tc_shape(1024, 5120) == (16, 4096, 1024)  # Wqkv: 256 + 64 columns a warp
-    assert tc_shape(8192, 1280) == (8, 1024, 256)  # wq_b at tp 4
-    assert tc_shape(1024, 4096) == (16, 4096, 0)  # wo_a (a group), wo_b at tp 2
-    assert tc_shape(5120, 2048) == (8, 2048, 0)  # wo_b at tp 4
-    assert tc_shape(8, 2048) is None  # fewer rows than a program's 16
-    assert tc_shape(1024, 96) is None  # 64 + 32: no two warps split the 32
-    monkeypatch.delenv("DSV41_GEMV_TC", raising=False)
-    assert gemv_tc(5120) is GEMV_TC
-    monkeypatch.setenv("DSV41_GEMV_TC", "1")
-    cfg = gemm_config(1, 5120, 2048, n_per_group=5120, quant_out=False, sms=132)
-    assert cfg.tc and (cfg.block_n, cfg.block_k, cfg.k_tail, cfg.num_warps) == (16, 2048, 0, 8)
-    assert not gemm_config(2, 5120, 2048, n_per_group=5120, quant_out=False, sms=132).tc
-    assert not gemm_config(1, 2048, 4096, n_per_group=1024, quant_out=True, sms=132).tc
-    monkeypatch.setenv("DSV41_GEMV_TC", "1792,5120")
-    assert gemv_tc(5120) and gemv_tc(1792) and not gemv_tc(2048)
-    monkeypatch.setenv("DSV41_GEMV_TC", "0")
-    assert not gemv_tc(5120)
-    monkeypatch.setenv("DSV41_GEMV_TC", "yes")
-    with pytest.raises(ValueError, match="DSV41_GEMV_TC: expected 1, 0 or a comma list of N"):
-        gemv_tc(5120)
-
-
-def test_tensor_core_config_is_checked(layer):
-    """A ``tc`` config that is not one token's whole rows of 16 in whole MX blocks a warp is
-    refused, naming the config."""
-    x = x_of(1, layer.dims.model.hidden, 52)
-    k = x.shape[1]
-    for bad in (GemmConfig(1, 32, k, 1, num_warps=2, gemv=True, tc=True),  # 32 rows
-                GemmConfig(1, 16, k // 2, 2, num_warps=2, gemv=True, tc=True),  # split K
-                GemmConfig(1, 16, k, 1, num_warps=4, gemv=True, tc=True, k_tail=0)
-                if k % (4 * 32) else GemmConfig(1, 16, k, 1, num_warps=3, gemv=True, tc=True)):
-        with pytest.raises(ValueError, match="config: the tensor-core block sums take"):
-            mx_gemm(x, layer.wqkv, layer.wqkv_scale, config=bad)
 
 
 def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
@@ -585,24 +505,18 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
           "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
           "HW_E4M3": True, "RP_PER": 0, "RP_PAD": 1, "RP_TOTAL": 0, "RP_FMT": 0,
-          "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64, "TC_W": 0}
+          "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
 if sys.argv[2:] == ["records"]:  # 640 entries of fp8_ds_mla records over 512 programs
     consts.update(RP_PER=2, RP_PAD=2, RP_TOTAL=640)
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
-warps = 4
-if sys.argv[1] == "tc":  # one token's whole rows, 16 a program, block sums on tensor cores
-    consts.update(GEMV=True, BLOCK_M=1, BLOCK_N=16, BLOCK_K=1024, K_TAIL=256, USE_PDL=True,
-                  TC_W=8)
-    warps = 8
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
          "part_ptr": "*fp32", "ticket_ptr": "*i32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
          "sin_ptr": "*fp32", "rp_table_ptr": "*i32"}
 ptx = sm90_ptx(fn, consts, kinds, lambda n, k: k[0] == "*" or n.startswith("stride"),
-               num_stages=4, num_warps=warps)
+               num_stages=4)
 before_wait = ptx.split("griddepcontrol.wait")[0]
-print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait)),
-                  "byte_loads_before_wait": len(re.findall(r"ld\.global\.b8", before_wait))} |
+print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait))} |
                  {k: len(re.findall(p, ptx)) for k, p in
                   {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
                    "byte_loads": r"ld\.global\.b8", "waits": r"griddepcontrol\.wait"}.items()}
@@ -621,20 +535,14 @@ def test_records_ahead_are_asked_of_the_l2_before_the_wait():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
-@pytest.mark.parametrize("loop", ["mma", "gemv", "tc"])
+@pytest.mark.parametrize("loop", ["mma", "gemv"])
 def test_weight_stream_compiles_to_wide_loads_for_sm90(loop):
     """wq_b compiled for SM90 without a GPU: the MMA loop's weights arrive by cp.async, the
     CUDA-core loop's by 16-byte vector loads straight to registers, issued before the PDL
-    wait; never by byte loads. With the block sums on tensor cores (one token, 16 rows of
-    1280 over 8 warps) the weights come the same way, and the sums are MMAs."""
+    wait; never by byte loads."""
     counts = ptx_facts(SM90_COMPILE, loop)
     if loop == "mma":
         assert counts["cp_async"] > 0 and counts["mma"] > 0, counts
-    elif loop == "tc":  # 16 x 1280 bytes over 256 threads: five 16-byte loads each
-        assert counts["waits"] == 1 and counts["wide_before_wait"] >= 5, counts
-        assert counts["mma"] > 0 and counts["cp_async"] == 0, counts
-        assert counts["byte_loads_before_wait"] <= 2, counts  # the weight's codes at most
-        return
     else:  # 64 x 256 bytes over 256 threads: four 16-byte loads each
         assert counts["waits"] == 1 and counts["wide_before_wait"] >= 4, counts
         assert counts["mma"] == 0, counts

@@ -70,7 +70,6 @@ A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
 A_O = tl.constexpr(2)  # a is a standard-layout bf16 o: inverse RoPE + fused O columns + cast
 A_NORM = tl.constexpr(3)  # a is bf16 qr: RMSNorm * weight, bf16, cast (the CUDA-core loop)
 _MX = tl.constexpr(MX_BLOCK)  # 32
-_F16_SHIFT = tl.constexpr(2.0**-8)  # a's e4m3 values times this keep f16 products finite
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
 DEFAULT_SMS = 8  # the "SM count" the interpreter plans for, so tiny tests still split K
@@ -109,12 +108,6 @@ GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS ove
 GEMV_TAIL_BYTES = 32768
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
-# One token's block sums on tensor cores (``_tc_dot_one``): programs of 16 rows (the MMA's M),
-# about 256 columns a warp, at most 16 warps. DSV41_GEMV_TC picks the sites.
-GEMV_TC = False
-TC_ROWS = 16
-TC_WARP_COLUMNS = 256
-TC_MAX_WARPS = 16
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
 
 
@@ -213,51 +206,6 @@ def _gemv_dot_one(acc, w8, wc, values, scales):
     values and scales): each block's 32 exact products summed, weighted by both E8M0 scales."""
     part = tl.sum(w8.to(tl.float32) * values[:, None, :], axis=2)
     return acc + tl.sum(part * (e8m0_scale_tl(wc.to(tl.int32)) * scales[:, None]), axis=0)[None, :]
-
-
-@triton.jit
-def _tc_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K: tl.constexpr, W: tl.constexpr,
-             KW: tl.constexpr, GPU: tl.constexpr):  # fmt: skip
-    """The tensor-core form's weight tile at ``k0``: e4m3 ``[W, BLOCK_N, KW]`` (warp ``w``'s
-    columns ``k0 + w KW ..``), its codes ``[W, BLOCK_N, KW / 32]``, the columns ``[W KW / 32,
-    32]`` it covers, as ``_gemv_tile`` gives them (the activation is read at those), and the
-    dot's 0/1 operand ``[W, KW, KW / 32]`` (column ``c`` picks MX block ``c``; f16 on the GPU,
-    else fp32), made here, before the PDL wait, as the tile is."""
-    kk = k0 + tl.arange(0, W)[:, None] * KW + tl.arange(0, KW)[None, :]
-    w8 = tl.load(w_ptr + n64[None, :, None] * K + kk[:, None, :], mask=n_ok[None, :, None],
-                 other=0.0)  # fmt: skip
-    NB: tl.constexpr = KW // _MX
-    kb = k0 // _MX + tl.arange(0, W)[:, None] * NB + tl.arange(0, NB)[None, :]
-    wc = tl.load(w_codes_ptr + n64[None, :, None] * (K // _MX) + kb[:, None, :],
-                 mask=n_ok[None, :, None], other=0)  # fmt: skip
-    col = (tl.arange(0, W * NB) * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]
-    ones = tl.where((tl.arange(0, KW) // _MX)[:, None] == tl.arange(0, NB)[None, :], 1.0, 0.0)
-    ones = tl.broadcast_to(ones[None, :, :], (W, KW, NB))
-    if GPU:
-        ones = ones.to(tl.float16)
-    return w8, wc, col, ones
-
-
-@triton.jit
-def _tc_dot_one(acc, w8, wc, ones, values, scales, W: tl.constexpr, KW: tl.constexpr,
-                GPU: tl.constexpr):  # fmt: skip
-    """``acc [1, BLOCK_N]`` plus one token's dots with a ``_tc_tile`` tile, the block sums on
-    tensor cores: warp ``w``'s products ``p[n, k] = w8[n, k] a[k]`` times the 0/1 matrix ``ones
-    [KW, KW / 32]`` of each column's MX block give every (row, block) sum in one dot, then
-    weighted by both E8M0 scales and summed over blocks and warps. On the GPU the products are
-    f16 of ``a 2^-8`` (exact for e4m3 operands: at most 448 * 448 / 256 = 784, and at least
-    2^-17 a factor, so only products below 2^-17 round, by less than 2^-25) and the dot
-    accumulates them in fp32; the interpreter multiplies and sums in fp32."""
-    NB: tl.constexpr = KW // _MX
-    a = tl.reshape(values, (W, KW))
-    sa = tl.reshape(scales, (W, NB))
-    if GPU:
-        prod = w8.to(tl.float16) * (a * _F16_SHIFT).to(tl.float16)[:, None, :]
-        sums = tl.dot(prod, ones) * (1.0 / _F16_SHIFT)
-    else:
-        sums = tl.dot(w8.to(tl.float32) * a[:, None, :], ones, input_precision="ieee")
-    part = tl.sum(sums * (e8m0_scale_tl(wc.to(tl.int32)) * sa[:, None, :]), axis=2)
-    return acc + tl.sum(part, axis=0)[None, :]
 
 
 @triton.jit
@@ -397,14 +345,11 @@ def mx_gemm_kernel(
     RP_FMT: tl.constexpr = 0,
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
-    TC_W: tl.constexpr = 0,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
     hardware's conversions. ``RP_PER`` > 0: before the PDL wait each program asks the L2 for its
-    share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``).
-    ``TC_W`` > 0 (one token, one K step): the CUDA-core loop's block sums run on tensor cores
-    instead, each of the ``TC_W`` warps over its own columns (``_tc_tile``, ``_tc_dot_one``)."""
+    share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -422,22 +367,11 @@ def mx_gemm_kernel(
         tl.static_assert(BLOCK_K * K_STEPS + K_TAIL == K_SPLIT,
                          "the CUDA-core loop takes K_STEPS whole K steps and a tail a program")
         BLOCKS: tl.constexpr = BLOCK_K // _MX
-        if TC_W > 0:
-            tl.static_assert(BLOCK_M == 1 and K_STEPS == 1 and SPLIT_K == 1,
-                             "the tensor-core block sums take one token's whole rows")  # fmt: skip
-            w8, wc, col, ones = _tc_tile(w_ptr, w_codes_ptr, n64, n_ok, 0, K, TC_W,
-                                         BLOCK_K // TC_W, DOT_BF16)  # fmt: skip
-        else:
-            w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS)
+        w8, wc, col = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, pid_k * K_SPLIT, K, BLOCKS)
         g = _gemv_norm_weight(norm_ptr, col, A_MODE)
         if K_TAIL > 0:  # a K that is no power of two: its last columns, also before the wait
-            if TC_W > 0:
-                t8, tc, tcol, tones = _tc_tile(w_ptr, w_codes_ptr, n64, n_ok, BLOCK_K, K, TC_W,
-                                               K_TAIL // TC_W, DOT_BF16)  # fmt: skip
-            else:
-                t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
-                                          (pid_k + 1) * K_SPLIT - K_TAIL, K,
-                                          K_TAIL // _MX)  # fmt: skip
+            t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
+                                      (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
     if RP_PER > 0:  # the key table is a step input and no record is read: safe before the wait
         pid = (pid_m * SPLIT_K + pid_k) * tl.num_programs(0) + pid_n
@@ -478,19 +412,11 @@ def mx_gemm_kernel(
                     squares += tl.sum(tl.sum(tx * tx, axis=1), axis=0)
                 factor = rms_factor_of_tl(squares, K, eps)
             values, scales = _gemv_act_cast(x, xc, g, factor, BLOCKS, A_MODE, HW_E4M3)
-            if TC_W > 0:
-                acc = _tc_dot_one(acc, w8, wc, ones, values, scales, TC_W, BLOCK_K // TC_W,
-                                  DOT_BF16)  # fmt: skip
-            else:
-                acc = _gemv_dot_one(acc, w8, wc, values, scales)
+            acc = _gemv_dot_one(acc, w8, wc, values, scales)
             if K_TAIL > 0:
                 values, scales = _gemv_act_cast(tx, txc, tg, factor, K_TAIL // _MX, A_MODE,
                                                 HW_E4M3)  # fmt: skip
-                if TC_W > 0:
-                    acc = _tc_dot_one(acc, t8, tc, tones, values, scales, TC_W,
-                                      K_TAIL // TC_W, DOT_BF16)  # fmt: skip
-                else:
-                    acc = _gemv_dot_one(acc, t8, tc, values, scales)
+                acc = _gemv_dot_one(acc, t8, tc, values, scales)
         elif A_MODE == A_NORM:
             rms = _rms_factors(a_ptr, pid_m * BLOCK_M, M, stride_am, eps, K, K_PAD, BLOCK_M)
         LANES: tl.constexpr = K_STEPS > 1 and BLOCK_M == 1
@@ -607,7 +533,6 @@ class GemmConfig:
     gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
     k_steps: int = 1  # K steps a CUDA-core program runs, unrolled
     k_tail: int = 0  # CUDA-core, split_k 1: K's last columns, one more tile (a power of two)
-    tc: bool = False  # CUDA-core loop at one token: its block sums on tensor cores (gemv_tc)
 
     @property
     def k_split(self) -> int:
@@ -695,44 +620,11 @@ def _head_tail(k: int) -> tuple[int, int]:
     return head, tail
 
 
-def gemv_tc(n: int) -> bool:
-    """Whether a one-token GEMM of ``n`` output rows takes the tensor-core block sums
-    (``tc_shape``): ``DSV41_GEMV_TC`` is 1 (every site), 0 (none) or a comma list of the N of
-    the sites that do; else ``GEMV_TC``."""
-    raw = os.environ.get("DSV41_GEMV_TC")
-    if raw is None:
-        return GEMV_TC
-    sites = raw.split(",")
-    if not all(v.isdigit() for v in sites):
-        raise ValueError(f"DSV41_GEMV_TC: expected 1, 0 or a comma list of N, got {raw!r}")
-    return raw == "1" or (raw != "0" and str(n) in sites)
-
-
-def tc_shape(n_per_group: int, k: int) -> tuple[int, int, int] | None:
-    """``(warps, head, tail)`` of one token's whole rows on tensor cores: ``TC_ROWS`` rows a
-    program, ``k = head + tail`` (``_head_tail``), each of the warps taking ``head / warps``
-    and ``tail / warps`` columns, whole MX blocks; about ``TC_WARP_COLUMNS`` a warp, at most
-    ``TC_MAX_WARPS`` warps. None where no such split exists."""
-    head, tail = _head_tail(k)
-    if not head or n_per_group % TC_ROWS:
-        return None
-    warps = min(TC_MAX_WARPS, max(2, triton.next_power_of_2(-(-k // TC_WARP_COLUMNS))))
-    while warps >= 2 and (head % (warps * MX_BLOCK) or tail % (warps * MX_BLOCK)):
-        warps //= 2
-    return (warps, head, tail) if warps >= 2 else None
-
-
-def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool, n: int = 0) -> GemmConfig:
+def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
     """Whole rows where they fit ``gemv_tile()`` bytes (at one token ``gemv_tail_tile()``
     bytes, unless that is 0) with no split-K sum in <= ``gemv_max_steps()`` unrolled K steps;
     at one token, where they fit ``gemv_tail_tile()`` bytes, as a power-of-two tile and a tail;
-    else ``gemv_split_tile()`` bytes a tile, split over K. At one token of a GEMM of ``n`` rows
-    that ``gemv_tc`` picks (not casting its output), ``tc_shape``'s tiles on tensor cores."""
-    tc = tc_shape(n_per_group, k) if m == 1 and not quant_out and gemv_tc(n) else None
-    if tc is not None:
-        warps, head, tail = tc
-        return GemmConfig(1, TC_ROWS, head, 1, num_warps=warps, num_stages=1, gemv=True,
-                          k_tail=tail, tc=True)  # fmt: skip
+    else ``gemv_split_tile()`` bytes a tile, split over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
     one = gemv_tail_tile() if m == 1 else 0  # one token: the bytes of a whole-row tile
     # (H200, tp 4, M = 1: wo_b in 16 rows of 2048, 27.7 / 27.7 us against 8 rows, 29.5 / 28.7)
@@ -768,7 +660,7 @@ def gemm_config(
     """
     m = bucket_for(m)
     if gemv_ok and m <= gemv_max_m():
-        return gemv_config(m, n_per_group, k, quant_out=quant_out, n=n)
+        return gemv_config(m, n_per_group, k, quant_out=quant_out)
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
     block_n = 64 if n_per_group % 64 == 0 else 32
@@ -965,15 +857,6 @@ def mx_gemm(
             f"config: k_tail must be a power of two of whole MX blocks of {MX_BLOCK} with "
             f"split_k = 1, got {cfg}"
         )
-    warps = cfg.num_warps
-    if cfg.tc and (not cfg.gemv or cfg.block_m != 1 or m != 1 or cfg.k_steps != 1
-                   or cfg.split_k != 1 or cfg.block_n != TC_ROWS or warps & (warps - 1)
-                   or cfg.block_k % (warps * MX_BLOCK) or cfg.k_tail % (warps * MX_BLOCK)):  # fmt: skip
-        raise ValueError(
-            f"config: the tensor-core block sums take one token's whole rows, {TC_ROWS} a "
-            f"program, K pieces of whole MX blocks a warp (a power of two of warps), got {cfg} "
-            f"at M = {m}"
-        )
     if cfg.block_k % MX_BLOCK or cfg.block_k & (cfg.block_k - 1):
         raise ValueError(
             f"config: block_k must be a power of two of whole MX blocks of {MX_BLOCK}, got {cfg}"
@@ -1026,7 +909,6 @@ def mx_gemm(
         QUANT_OUT=quant,
         DOT_BF16=not interpreting(),
         HW_E4M3=not interpreting(),
-        TC_W=cfg.num_warps if cfg.tc else 0,
         GEMV=cfg.gemv,
         K_PAD=triton.next_power_of_2(k),
         BLOCK_M=cfg.block_m,
