@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -23,7 +23,8 @@
 # calls 4 and 5 (call 4's tree did not compile the prefetch; wo_a's prefetch of wo_b's weights,
 # removed after them); s19e: call 7 (wo_a on e4m3 mma.sync, DSV41_GEMV_MMA, removed after it;
 # call 6 ran mma_probe.py). s20: session 20's call 1 (one token's block sums on f16 tensor
-# cores, DSV41_GEMV_TC: a new switch of that name, not session 16's; removed after it).
+# cores, DSV41_GEMV_TC: a new switch of that name, not session 16's; removed after it); s20b:
+# call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1000,6 +1001,12 @@ if [ "$what" = s20 ]; then
   # do; tp 4: 1792 Wqkv, 8192 wq_b, 2048 wo_a, 5120 wo_b): the step tests with it on, A/B of
   # off, all and each site alone twice at tp 4, off and all at tp 2, the trace with it on.
   switch_call DSV41_GEMV_TC 1 "0 1 1792 8192 2048 5120" "0 1"
+fi
+if [ "$what" = s20b ]; then
+  # Session 20, call 2 (about 5 minutes): one token's attention combine and wo_a in one launch
+  # (DSV41_FUSE_WO_A=1, combine_wo_a; z summed in fixed point, wo_b reads it): the step tests
+  # with it on, A/B twice at tp 4 and once at tp 2, the trace with it on.
+  switch_call DSV41_FUSE_WO_A 1 "0 1"
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before

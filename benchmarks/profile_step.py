@@ -213,6 +213,9 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
             for site in GEMM_SITES:
                 t = traces[site]
                 t = t[t[:, 0] > 0].double()
+                if not len(t):  # a site the step did not launch (wo_a in the combine's)
+                    print(f"  {site:6s} not launched")
+                    continue
                 t0 = t[:, 1].min() if t0 is None else t0
                 start, waited, end = ((t[:, i] - t0) / 1e3 for i in range(3))
                 first_wait = waited.min()
@@ -246,6 +249,8 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                 held = set(t[:, 6].tolist())
                 wo_a = traces["wo_a"]
                 wo_a_sms = wo_a[wo_a[:, 0] > 0][:, 3].tolist()
+                if not wo_a_sms:
+                    continue
                 shared = len(held & set(wo_a_sms))
                 both = torch.bincount(torch.tensor(list(t[:, 6].tolist()) + wo_a_sms))
                 print(f"  wo_a on {len(set(wo_a_sms))} SMs, {shared} of them also attention's or "
