@@ -24,7 +24,7 @@
 # removed after them); s19e: call 7 (wo_a on e4m3 mma.sync, DSV41_GEMV_MMA, removed after it;
 # call 6 ran mma_probe.py). s20: session 20's call 1 (one token's block sums on f16 tensor
 # cores, DSV41_GEMV_TC: a new switch of that name, not session 16's; removed after it); s20b:
-# call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A).
+# call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A; removed after it).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1003,7 +1003,8 @@ if [ "$what" = s20 ]; then
   switch_call DSV41_GEMV_TC 1 "0 1 1792 8192 2048 5120" "0 1"
 fi
 if [ "$what" = s20b ]; then
-  # Session 20, call 2 (about 5 minutes): one token's attention combine and wo_a in one launch
+  # Session 20, call 2 (about 4 minutes; DSV41_FUSE_WO_A was removed after it, code in bc6679d):
+  # one token's attention combine and wo_a in one launch
   # (DSV41_FUSE_WO_A=1, combine_wo_a; z summed in fixed point, wo_b reads it): the step tests
   # with it on, A/B twice at tp 4 and once at tp 2, the trace with it on.
   switch_call DSV41_FUSE_WO_A 1 "0 1"

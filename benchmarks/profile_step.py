@@ -237,6 +237,9 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                     ("attention", t[t[:, 4] > 0], (0, 1, 2, 3, 4, 5)),
                     ("combine", t[t[:, 4] == 0], (0, 2, 5)),
                 ):  # fmt: skip
+                    if not len(rows):  # a launch the step did not make
+                        print(f"  {name:9s} not launched")
+                        continue
                     cells = " | ".join(
                         f"{names[f]} {q(v, 0):.2f} {q(v, .5):.2f} {q(v, 1):.2f}"
                         for f in fields if bool((rows[:, f] > 0).all())

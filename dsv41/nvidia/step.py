@@ -37,7 +37,6 @@ from dsv41.common.switches import env_flag
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import (
-    FixedInput,
     NormInput,
     Scratch,
     bucket_for,
@@ -78,7 +77,6 @@ class StepBuffers:
         torch.Tensor, torch.Tensor
     ]  # e4m3 [rows, groups*o_rank], uint8 [rows, groups*o_rank/32]
     y: torch.Tensor  # bf16 [rows, hidden]
-    zfix: torch.Tensor  # int64 [1, groups*o_rank]: one token's z accumulator (fuse_wo_a)
 
     @classmethod
     def allocate(cls, layer: LayerWeights, rows: int, device) -> StepBuffers:
@@ -95,7 +93,6 @@ class StepBuffers:
             z=t(d.o_rows),
             z8=(t(d.o_rows, E4M3), t(d.o_rows // MX_BLOCK, torch.uint8)),
             y=t(m.hidden),
-            zfix=torch.empty(1, d.o_rows, dtype=torch.int64, device=device),
         )
 
     def rows(self, m: int) -> StepBuffers:
@@ -108,7 +105,6 @@ class StepBuffers:
 
 
 Z_CAST_IN_WOB = True  # DSV41_Z_CAST_IN_WOB overrides it
-FUSE_WO_A = False  # DSV41_FUSE_WO_A overrides it
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -144,15 +140,6 @@ def z_cast_in_wo_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
     n, k, _, _ = shapes["wo_b"]
     wo_b = gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sms)
     return wo_a.gemv and wo_a.split_k == 1 and wo_b.gemv
-
-
-def fuse_wo_a(layer: LayerWeights, m: int, device: torch.device, splits: int) -> bool:
-    """Whether the step of ``m`` tokens runs the attention combine and wo_a in one launch
-    (``combine_wo_a``; wo_b then reads z's accumulator): one token, whose z is cast in wo_b
-    (``z_cast_in_wo_b``), a split key table (``splits`` > 1), and ``DSV41_FUSE_WO_A`` (1 or 0)
-    not 0 (default ``FUSE_WO_A``)."""
-    return (env_flag("DSV41_FUSE_WO_A", FUSE_WO_A) and m == 1 and splits > 1
-            and z_cast_in_wo_b(layer, m, device))  # fmt: skip
 
 
 def launch_step(
@@ -206,7 +193,6 @@ def launch_step(
     splits, _ = attention_splits(
         bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
     )
-    fuse = fuse_wo_a(layer, x.shape[0], x.device, splits)
     xo, xo_codes, lse = mega_attention(
         out.q,
         positions,
@@ -220,12 +206,8 @@ def launch_step(
         heads_per_group=model.heads_per_group,
         splits=splits,
         records_ready=side is not None,  # the insert joined by an event, not a PDL edge
-        wo_a=(layer.wo_a, layer.wo_a_scale, out.zfix) if fuse else None,
     )
-    if fuse:  # z summed into its accumulator by the combine; wo_b stores z and z8
-        mx_gemm(FixedInput(out.zfix, out.z), layer.wo_b, layer.wo_b_scale, out=out.y,
-                a8_out=out.z8, scratch=scratch["wo_b"])  # fmt: skip
-    elif z_cast_in_wo_b(layer, x.shape[0], x.device):
+    if z_cast_in_wo_b(layer, x.shape[0], x.device):
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
                 n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
         mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,

@@ -100,7 +100,6 @@ _HALF_ROPE = tl.constexpr(ROPE_DIM // 2)  # 32 rope pairs: the width of the cos 
 _Q_CHUNK = tl.constexpr(Q_CHUNK)  # 16
 _O_CHUNK = tl.constexpr(O_CHUNK)  # 32
 _LN2 = tl.constexpr(math.log(2.0))
-_ZERO_STEP = tl.constexpr(1024)  # int64 words a store of the accumulator's zeroing covers
 # The opt-in trace of the attention launches (``profile_step.py --attn-trace`` sets
 # ``trace_buffer``, int64 [>= programs of both launches, TRACE_FIELDS], GPU only): each program
 # stamps %globaltimer (ns) into its row. Attention: start, its early keys in registers (0 where
@@ -141,11 +140,14 @@ def _rope_tl(x, c, s, ROWS: tl.constexpr, W: tl.constexpr, INVERSE: tl.constexpr
 
 
 @triton.jit
-def _finish_tl(acc, l_i, m_i, sink, c, s, HT: tl.constexpr, W: tl.constexpr, HW: tl.constexpr):
-    """Dims ``d0 .. d0 + W`` of ``HT`` heads from ``acc = sum 2^(s2 - m_i) v`` and ``l_i = sum
-    2^(s2 - m_i)`` (log2 units): sink gate, inverse RoPE, bf16, MXFP8 -> ``(values e4m3 [HT,
-    W], codes int32 [HT, W / 32], lse [HT])``. ``sink`` (the heads' sink logits) and ``(c, s)``
-    (``_rope_angles_tl`` of these dims) are read before the PDL wait: no step kernel writes
+def _epilogue_tl(
+    acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr,
+    H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, W: tl.constexpr, HW: tl.constexpr,
+):  # fmt: skip
+    """Dims ``d0 .. d0 + W`` of the tile's heads from ``acc = sum 2^(s2 - m_i) v`` and ``l_i = sum
+    2^(s2 - m_i)`` (log2 units): sink gate, inverse RoPE, bf16, MXFP8 stored in the fused O
+    layout; lse stored by the programs holding dim 0. ``sink`` (the heads' sink logits) and ``(c,
+    s)`` (``_rope_angles_tl`` of these dims) are read before the PDL wait: no step kernel writes
     them. ``HW`` (the GPU): the bf16 round is the hardware's cast."""
     has_key = l_i > 0.0
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * _LN2, -float("inf"))
@@ -153,14 +155,6 @@ def _finish_tl(acc, l_i, m_i, sink, c, s, HT: tl.constexpr, W: tl.constexpr, HW:
     o = acc * tl.where(has_key, gate / tl.where(has_key, l_i, 1.0), 0.0)[:, None]
     o = bf16_rn_tl(_rope_tl(o, c, s, HT, W, True), HW)
     values, codes = mx_quantize_tl(o, HT, W)
-    return values, codes, lse
-
-
-@triton.jit
-def _store_xo_tl(values, codes, lse, d0, token, heads, head_ok, xo_ptr, codes_ptr, lse_ptr,
-                 H: tl.constexpr, G: tl.constexpr, W: tl.constexpr):  # fmt: skip
-    """``_finish_tl``'s dims ``d0 ..`` of ``heads`` (stored where ``head_ok``) in the fused O
-    layout; lse by the programs holding dim 0."""
     # Fused O: head g * G + e, dim c * 32 + j -> g * G * 512 + (c * G + e) * 32 + j; code at
     # g * G * 16 + c * G + e.
     CHUNKS: tl.constexpr = _HEAD_DIM // _O_CHUNK
@@ -174,18 +168,7 @@ def _store_xo_tl(values, codes, lse, d0, token, heads, head_ok, xo_ptr, codes_pt
     tl.store(codes_ptr + codes_row[:, None] + (c * G)[None, :], codes.to(tl.uint8),
              mask=head_ok[:, None])  # fmt: skip
     lse_ok = tl.where(d0 == 0, heads, H) < H
-    tl.store(lse_ptr + token * H + heads, lse, mask=lse_ok & head_ok)
-
-
-@triton.jit
-def _epilogue_tl(
-    acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr,
-    H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, W: tl.constexpr, HW: tl.constexpr,
-):  # fmt: skip
-    """``_finish_tl`` then ``_store_xo_tl``."""
-    values, codes, lse = _finish_tl(acc, l_i, m_i, sink, c, s, HT, W, HW)
-    _store_xo_tl(values, codes, lse, d0, token, heads, head_ok, xo_ptr, codes_ptr, lse_ptr, H, G,
-                 W)  # fmt: skip
+    tl.store(lse_ptr + token * H + heads, lse, mask=lse_ok)
 
 
 @triton.jit
@@ -265,7 +248,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, zero_ptr=None, ZERO_N: tl.constexpr = 0,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -273,9 +256,7 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row. ``ZERO_N`` > 0:
-    program (0, 0) zeroes ``zero_ptr[:ZERO_N]`` (int64) after the PDL wait: z's accumulator,
-    which ``combine_wo_a_kernel`` adds into after this launch."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -306,11 +287,6 @@ def mega_attention_kernel(
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
-    if ZERO_N > 0:  # noqa: SIM102 (a constexpr test, then a runtime one)
-        if (pid == 0) & (split == 0):
-            for z0 in tl.static_range(0, ZERO_N, _ZERO_STEP):
-                at = z0 + tl.arange(0, _ZERO_STEP)
-                tl.store(zero_ptr + at, tl.zeros((_ZERO_STEP,), tl.int64), mask=at < ZERO_N)
     if PREFETCH:
         tl.static_assert(ALIGNED and not EARLY, "a bulk prefetch takes 16-B aligned rows")
         ahead = record_row_ptrs_tl(table_ptr + token.to(tl.int64) * KEYS, split * KEYS_PER_SPLIT,
@@ -517,33 +493,6 @@ def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
     return max(1, -(-keys // keys_per_split)), keys_per_split
 
 
-def _check_wo_a(wo_a, tokens: int, heads: int, heads_per_group: int, splits: int,
-                device) -> None:  # fmt: skip
-    """``mega_attention``'s ``wo_a`` argument: shapes, dtypes, device, and a split launch."""
-    from dsv41.nvidia.ops.combine_wo_a import CWA_HEADS
-
-    w, w_codes, zfix = wo_a
-    groups = heads // heads_per_group
-    if splits < 2 or heads_per_group % CWA_HEADS or HEAD_TILE % heads_per_group:
-        raise ValueError(
-            f"wo_a: the combine takes wo_a for a split key table and groups of a multiple of "
-            f"{CWA_HEADS} heads dividing {HEAD_TILE}, got {splits} splits, {heads_per_group} "
-            f"heads a group"
-        )
-    rows = w.shape[0] if w.dim() == 2 else 0
-    if rows % groups or rows // groups & (rows // groups - 1):
-        raise ValueError(
-            f"wo_a: expected weight rows of {groups} groups of a power of two, got {list(w.shape)}"
-        )
-    _check("wo_a weight", w, (E4M3,), (rows, heads_per_group * HEAD_DIM))
-    _check("wo_a scale", w_codes, (torch.uint8,), (rows, heads_per_group * HEAD_DIM // MX_BLOCK))
-    _check("zfix", zfix, (torch.int64,), (tokens, rows))
-    for name, t in (("wo_a weight", w), ("wo_a scale", w_codes), ("zfix", zfix)):
-        if t.device != device:
-            raise ValueError(f"{name}: expected a tensor on {device} (q_fused's device), "
-                             f"got {t.device}")  # fmt: skip
-
-
 def _check(
     name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], shape: tuple[int, ...]
 ) -> None:
@@ -571,7 +520,6 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
-    wo_a: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -592,9 +540,6 @@ def mega_attention(
       caches (the caller ordered the record insert before it with a full stream dependency);
       by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
       PDL wait (``early_keys``).
-    - ``wo_a``: ``(weight e4m3 [groups * O_RANK, heads_per_group * 512], its codes, zfix int64
-      [M, groups * O_RANK])``: with more than one split the combine also multiplies xo by wo_a
-      (``combine_wo_a``): ``zfix`` receives ``z * 2^Z_FIX_SHIFT`` for wo_b's ``FixedInput``.
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -664,10 +609,7 @@ def mega_attention(
     aligned = rows_aligned(window_cache, comp)
     trace = trace_buffer
     ch = combine_heads()
-    if wo_a is not None:
-        _check_wo_a(wo_a, tokens, heads, heads_per_group, splits, device)
-    fused = wo_a is not None
-    programs = tiles * splits + (tiles * combine_programs(ch) if splits > 1 and not fused else 0)
+    programs = tiles * splits + (tiles * combine_programs(ch) if splits > 1 else 0)
     if trace is not None and (trace.dtype != torch.int64 or trace.device != device
                               or trace.shape[0] < programs
                               or tuple(trace.shape[1:]) != (TRACE_FIELDS,)):  # fmt: skip
@@ -687,29 +629,9 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        zero_ptr=wo_a[2] if fused else lse, ZERO_N=wo_a[2].numel() if fused else 0,
         **pdl_launch_options(pdl),
     )  # fmt: skip
-    if fused:
-        from dsv41.nvidia.ops.combine_wo_a import (
-            CWA_HEADS,
-            CWA_WARPS,
-            combine_wo_a_kernel,
-            cwa_grid,
-            cwa_rows,
-        )
-
-        w, w_codes, zfix = wo_a
-        o_rank = w.shape[0] // (heads // heads_per_group)
-        combine_wo_a_kernel[cwa_grid(heads, heads_per_group, o_rank, tokens)](
-            positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
-            w, w_codes, zfix, cos.shape[0],
-            H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits,
-            SPLIT_PAD=triton.next_power_of_2(splits), CH=CWA_HEADS, ROWS=cwa_rows(o_rank),
-            O_RANK=o_rank, USE_PDL=pdl, HW=not interpreting(), num_warps=CWA_WARPS,
-            **pdl_launch_options(pdl),
-        )  # fmt: skip
-    elif splits > 1:
+    if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
         mega_attention_combine_kernel[grid](
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,

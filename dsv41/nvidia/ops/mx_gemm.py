@@ -15,9 +15,6 @@ prologues (``A_MODE``):
 - ``A_NORM`` (CUDA-core loop only): bf16 ``qr [M, K]``, RMS-normalised over its
   K columns, times the norm weight, rounded to bf16 and cast to MXFP8: wq_b's
   activation straight from the Wqkv output, as ``norm_rope_insert`` makes it.
-- ``A_FIX`` (one token's CUDA-core loop only): z's fixed-point accumulator from
-  ``combine_wo_a`` (int64 ``z * 2^Z_FIX_SHIFT``), rounded to bf16 and cast to MXFP8;
-  the bf16 z (the seam) and its MXFP8 form are stored as ``a8_out`` stores a cast a.
 
 Grouped GEMMs (``wo_a``) give each group of ``N_PER_GROUP`` output rows its
 own ``K`` columns of ``a``: ``out[:, g * Ng + n] = a[:, g * K : (g + 1) * K] @
@@ -72,9 +69,6 @@ A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
 A_O = tl.constexpr(2)  # a is a standard-layout bf16 o: inverse RoPE + fused O columns + cast
 A_NORM = tl.constexpr(3)  # a is bf16 qr: RMSNorm * weight, bf16, cast (the CUDA-core loop)
-A_FIX = tl.constexpr(4)  # a is z * 2^Z_FIX_SHIFT in int64: bf16(z), cast (one token's loop)
-Z_FIX_SHIFT = 32  # combine_wo_a's accumulator scale (it imports this)
-_Z_UNFIX = tl.constexpr(2.0**-Z_FIX_SHIFT)
 _MX = tl.constexpr(MX_BLOCK)  # 32
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
@@ -162,22 +156,12 @@ def _gemv_norm_weight(norm_ptr, col, A_MODE: tl.constexpr):
 
 
 @triton.jit
-def _unfix_tl(acc, HW: tl.constexpr):
-    """bf16 ``z`` (as fp32) from its int64 accumulator ``z * 2^Z_FIX_SHIFT``."""
-    return bf16_rn_tl(acc.to(tl.float32) * _Z_UNFIX, HW)
-
-
-@triton.jit
 def _gemv_act_load(a_ptr, a_codes_ptr, row, stride_am, stride_acm, group, k0, col,
-                   K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr,
-                   HW: tl.constexpr = False):  # fmt: skip
+                   K: tl.constexpr, BLOCKS: tl.constexpr, A_MODE: tl.constexpr):  # fmt: skip
     """Token ``row``'s activation at the CUDA-core tile's columns ``col [BLOCKS, 32]`` (from
-    ``k0``) as read: fp32 ``[BLOCKS, 32]`` (e4m3 values for A_MX, bf16 z for A_FIX, else bf16
-    x or qr) and, for A_MX, its E8M0 codes ``[BLOCKS]`` (else ``col``, unused)."""
-    if A_MODE == A_FIX:
-        x = _unfix_tl(tl.load(a_ptr + row * stride_am + col), HW)
-        codes = col
-    elif A_MODE == A_MX:
+    ``k0``) as read: fp32 ``[BLOCKS, 32]`` (e4m3 values for A_MX, else bf16 x or qr) and, for
+    A_MX, its E8M0 codes ``[BLOCKS]`` (else ``col``, unused)."""
+    if A_MODE == A_MX:
         x = tl.load(a_ptr + row * stride_am + group * K + col).to(tl.float32)
         codes = tl.load(a_codes_ptr + row * stride_acm + (group * K + k0) // _MX
                         + tl.arange(0, BLOCKS))  # fmt: skip
@@ -246,22 +230,16 @@ def _gemv_rows(acc, w8, wc, col, a_ptr, a_codes_ptr, g, first, M, stride_am, str
 
 @triton.jit
 def _store_a8(x_ptr, v_ptr, c_ptr, first, M, stride_xm, stride_vm, stride_cm, k0,
-              BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, A_MODE: tl.constexpr = A_CAST,
-              z_ptr=None, HW: tl.constexpr = False):  # fmt: skip
+              BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
     """The MXFP8 form of bf16 ``x``'s token rows ``first ..`` (< M), columns ``k0 .. k0 +
     32 BLOCKS``, stored to values ``v`` and codes ``c`` (A8_OUT: the programs of the first N
-    tile; ``x`` was just read by this program, so it comes from L1). A_FIX: ``x`` is z's
-    accumulator, and the bf16 z is stored to ``z_ptr`` too (rows of ``stride_vm``)."""
+    tile; ``x`` was just read by this program, so it comes from L1)."""
     blk = tl.arange(0, BLOCKS)
     col = (blk * _MX + k0)[:, None] + tl.arange(0, _MX)[None, :]
     for r in tl.static_range(BLOCK_M):
         row = first + r
         ok = col * 0 + row < M  # [BLOCKS, 32]: a tensor mask (the interpreter takes no scalar)
-        if A_MODE == A_FIX:
-            x = _unfix_tl(tl.load(x_ptr + row * stride_xm + col, mask=ok, other=0), HW)
-            tl.store(z_ptr + row * stride_vm + col, x.to(tl.bfloat16), mask=ok)
-        else:
-            x = tl.load(x_ptr + row * stride_xm + col, mask=ok, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride_xm + col, mask=ok, other=0.0).to(tl.float32)
         v, c = mx_quantize_tl(x, BLOCKS, _MX)
         tl.store(v_ptr + row * stride_vm + col, v, mask=ok)
         tl.store(c_ptr + row * stride_cm + k0 // _MX + blk, tl.reshape(c, (BLOCKS,)).to(tl.uint8),
@@ -367,7 +345,6 @@ def mx_gemm_kernel(
     RP_FMT: tl.constexpr = 0,
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
-    z_ptr=None,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -418,18 +395,16 @@ def mx_gemm_kernel(
         # the wait (and A_NORM's RMS factor taken from those pieces), so the program pays one
         # L2 round trip for its activation, not one for the factor, one a piece.
         ONE: tl.constexpr = BLOCK_M == 1 and K_STEPS == 1 and (SPLIT_K == 1 or A_MODE != A_NORM)
-        tl.static_assert(ONE or A_MODE != A_FIX, "z's accumulator feeds one token's K step")
         rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if ONE:
             row = tl.minimum(pid_m, M - 1)
             k0 = pid_k * K_SPLIT
             x, xc = _gemv_act_load(a_ptr, a_codes_ptr, row, stride_am, stride_acm, group, k0, col,
-                                   K, BLOCKS, A_MODE, HW_E4M3)  # fmt: skip
+                                   K, BLOCKS, A_MODE)  # fmt: skip
             if K_TAIL > 0:
                 tk0 = k0 + BLOCK_K
                 tx, txc = _gemv_act_load(a_ptr, a_codes_ptr, row, stride_am, stride_acm, group,
-                                         tk0, tcol, K, K_TAIL // _MX, A_MODE,
-                                         HW_E4M3)  # fmt: skip
+                                         tk0, tcol, K, K_TAIL // _MX, A_MODE)  # fmt: skip
             factor = 0.0
             if A_MODE == A_NORM:
                 squares = tl.sum(tl.sum(x * x, axis=1), axis=0)
@@ -469,17 +444,16 @@ def mx_gemm_kernel(
                              stride_am, stride_acm, group, (pid_k + 1) * K_SPLIT - K_TAIL, rms, K,
                              K_TAIL // _MX, BLOCK_M, A_MODE, HW_E4M3)  # fmt: skip
         if A8_OUT:  # a's MXFP8 form (x cast in the prologue), once: the first N tile stores it
-            tl.static_assert((A_MODE == A_CAST or A_MODE == A_FIX) and not QUANT_OUT,
-                             "A8_OUT stores a cast bf16 a")  # fmt: skip
+            tl.static_assert(A_MODE == A_CAST and not QUANT_OUT, "A8_OUT stores a cast bf16 a")
             if pid_n == 0:
                 for step in tl.static_range(K_STEPS):
                     _store_a8(a_ptr, out8_ptr, out8_codes_ptr, pid_m * BLOCK_M, M, stride_am,
                               stride_o8m, stride_o8cm, pid_k * K_SPLIT + step * BLOCK_K, BLOCKS,
-                              BLOCK_M, A_MODE, z_ptr, HW_E4M3)  # fmt: skip
+                              BLOCK_M)  # fmt: skip
                 if K_TAIL > 0:
                     _store_a8(a_ptr, out8_ptr, out8_codes_ptr, pid_m * BLOCK_M, M, stride_am,
                               stride_o8m, stride_o8cm, (pid_k + 1) * K_SPLIT - K_TAIL,
-                              K_TAIL // _MX, BLOCK_M, A_MODE, z_ptr, HW_E4M3)  # fmt: skip
+                              K_TAIL // _MX, BLOCK_M)  # fmt: skip
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
@@ -766,15 +740,6 @@ class OInput:
 
 
 @dataclasses.dataclass(frozen=True)
-class FixedInput:
-    """z's int64 accumulator for the ``A_FIX`` prologue (``combine_wo_a``), and where the bf16 z
-    it rounds to is stored (the programs of the first N tile store it, with ``a8_out``)."""
-
-    acc: torch.Tensor  # int64 [M, K]: z * 2^Z_FIX_SHIFT
-    z: torch.Tensor  # bf16 [M, K], written
-
-
-@dataclasses.dataclass(frozen=True)
 class NormInput:
     """A bf16 activation normalised in the ``A_NORM`` prologue: ``bf16(rmsnorm(qr) * weight)``."""
 
@@ -784,7 +749,7 @@ class NormInput:
 
 
 def mx_gemm(
-    a: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | OInput | NormInput | FixedInput,
+    a: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | OInput | NormInput,
     w: torch.Tensor,
     w_scale: torch.Tensor,
     *,
@@ -799,9 +764,8 @@ def mx_gemm(
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
     ``a``: bf16 ``[M, G K]`` (cast in the prologue), ``(values e4m3 [M, G K],
-    codes uint8 [M, G K / 32])``, an ``OInput`` (fused WO-A), a ``NormInput``
-    (the RMSNorm prologue, CUDA-core token buckets only) or a ``FixedInput`` (z's
-    accumulator, one token, with ``a8_out``); ``G = N /
+    codes uint8 [M, G K / 32])``, an ``OInput`` (fused WO-A) or a ``NormInput``
+    (the RMSNorm prologue, CUDA-core token buckets only); ``G = N /
     n_per_group`` groups (1 unless grouped). ``w`` e4m3 ``[N, K]``, ``w_scale``
     uint8 ``[N, K / 32]``. ``out8 = (values e4m3 [M, N], codes uint8 [M, N /
     32])``, when given, receives the MXFP8 cast of the bf16 out. ``a8_out`` (the same
@@ -840,13 +804,6 @@ def mx_gemm(
             raise ValueError(f"qr: a normalised activation feeds one group, got {groups} groups")
         mode, a_val, a_codes, stride_am, stride_acm = A_NORM, a.qr, a.qr, a.qr.stride(0), 0
         norm, eps = a.weight, a.eps
-    elif isinstance(a, FixedInput):
-        m = a.acc.shape[0]
-        _check("acc", a.acc, torch.int64, (m, k))
-        _check("z", a.z, torch.bfloat16, (m, k))
-        if groups != 1:
-            raise ValueError(f"acc: z's accumulator feeds one group, got {groups} groups")
-        mode, a_val, a_codes, stride_am, stride_acm = A_FIX, a.acc, a.acc, a.acc.stride(0), 0
     elif isinstance(a, tuple):
         a_val, a_codes = a
         m = a_val.shape[0]
@@ -871,19 +828,8 @@ def mx_gemm(
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
         gemv_ok=mode != A_O,
     )  # fmt: skip
-    if mode == A_FIX and (a8_out is None or m != 1 or cfg.block_m != 1 or cfg.k_steps != 1
-                          or cfg.split_k != 1 or not cfg.gemv):  # fmt: skip
-        raise ValueError(
-            f"a: z's accumulator feeds one token's whole rows on the CUDA-core loop with a8_out, "
-            f"got {m} tokens, a8_out {'given' if a8_out is not None else 'none'} and {cfg}"
-        )
-    if a8_out is not None and mode == A_FIX:
-        _check("a8_out values", a8_out[0], E4M3, (m, k))
-        if a.z.stride(0) != a8_out[0].stride(0):
-            raise ValueError(f"z: expected a8_out's row stride {a8_out[0].stride(0)}, got "
-                             f"{a.z.stride(0)}")  # fmt: skip
     if a8_out is not None:
-        if mode not in (A_CAST, A_FIX) or quant or not cfg.gemv:
+        if mode != A_CAST or quant or not cfg.gemv:
             got = "a bf16 a" if mode == A_CAST else "an a that is no bf16 tensor"
             raise ValueError(
                 f"a8_out: expected a bf16 a on the CUDA-core loop and no out8, got {got}, "
@@ -976,7 +922,6 @@ def mx_gemm(
         K_STEPS=cfg.k_steps,
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
-        z_ptr=a.z if mode == A_FIX else None,
         TRACE=trace is not None,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and not interpreting() else {}),
