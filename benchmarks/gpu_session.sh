@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -24,7 +24,8 @@
 # removed after them); s19e: call 7 (wo_a on e4m3 mma.sync, DSV41_GEMV_MMA, removed after it;
 # call 6 ran mma_probe.py). s20: session 20's call 1 (one token's block sums on f16 tensor
 # cores, DSV41_GEMV_TC: a new switch of that name, not session 16's; removed after it); s20b:
-# call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A; removed after it).
+# call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A; removed after it); s20c: call 3
+# (each kernel's hardware counters at tp 4, M = 1).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1008,6 +1009,43 @@ if [ "$what" = s20b ]; then
   # (DSV41_FUSE_WO_A=1, combine_wo_a; z summed in fixed point, wo_b reads it): the step tests
   # with it on, A/B twice at tp 4 and once at tp 2, the trace with it on.
   switch_call DSV41_FUSE_WO_A 1 "0 1"
+fi
+if [ "$what" = s20c ]; then
+  # Session 20, call 3 (about 3 minutes): hardware counters of each kernel of one nvidia step at
+  # tp 4, M = 1 (the fifth eager step; ncu runs the kernels one at a time, caches flushed before
+  # each, so no PDL overlap and no co-resident weight stream): duration, instructions executed
+  # a warp, warps active, the stall reasons with >= 0.3 cycles an issue.
+  NCU=/usr/local/cuda/bin/ncu
+  M="gpu__time_duration.sum,launch__registers_per_thread,launch__grid_size,launch__block_size"
+  M="$M,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active"
+  M="$M,dram__bytes_read.sum,lts__t_bytes.sum"
+  M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
+  timeout 200 $NCU --clock-control none -k regex:"mx_gemm|mega_attention|norm_rope" \
+    --launch-skip 28 --launch-count 7 --csv --page raw --metrics "$M" \
+    python3 benchmarks/ncu_steps.py --backend nvidia > "$OUT/ncu_step.csv" 2> "$OUT/ncu_step.err"
+  tail -3 "$OUT/ncu_step.err"
+  python3 - "$OUT/ncu_step.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+head = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
+names, data = rows[head], rows[head + 2:]
+col = {n: i for i, n in enumerate(names)}
+def f(r, n):
+    try:
+        return float(r[col[n]].replace(",", ""))
+    except (KeyError, ValueError):
+        return float("nan")
+for r in data:
+    warps = f(r, "launch__grid_size") * f(r, "launch__block_size") / 32
+    stalls = sorted(((f(r, n), n.split("stalled_")[1].split("_per")[0]) for n in names
+                     if "issue_stalled" in n), reverse=True)
+    print(f"{r[col['Kernel Name']][:28]:28s} {f(r, 'gpu__time_duration.sum') / 1e3:7.2f} us "
+          f"grid {f(r, 'launch__grid_size'):5.0f} regs {f(r, 'launch__registers_per_thread'):4.0f} "
+          f"inst/warp {f(r, 'smsp__inst_executed.sum') / warps:6.0f} "
+          f"active {f(r, 'sm__warps_active.avg.pct_of_peak_sustained_active'):5.1f}% "
+          f"dram {f(r, 'dram__bytes_read.sum') / 1e6:6.2f} MB | "
+          + " ".join(f"{n} {v:.1f}" for v, n in stalls if v >= 0.3))
+PY
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
