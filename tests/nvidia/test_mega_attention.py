@@ -32,6 +32,7 @@ from dsv41.nvidia.ops.mega_attention import (
     prefetch_records,
     rows_aligned,
     score_segments,
+    split_pieces,
 )
 
 FORMATS = ("fp8_ds_mla", "fp8_mx")
@@ -211,11 +212,16 @@ def test_combine_heads_a_program(heads, monkeypatch):
         combine_heads()
 
 
-@pytest.mark.parametrize("wide", ["0", "1"])
-def test_combine_split_by_split_or_all_at_once(wide, monkeypatch):
+@pytest.mark.parametrize("wide,splits", [("0", 3), ("1", 3), ("1", 4)])
+def test_combine_split_by_split_or_all_at_once(wide, splits, monkeypatch):
     """Both combine orders (``DSV41_COMBINE_WIDE``: split by split, or every split's partials
-    in one load) give the reference, with a row of no keys (zeros, lse -inf) and a split count
-    that is no power of two; by default all at once from ``COMBINE_WIDE_SPLITS`` splits on."""
+    in one load) give the reference, with a row of no keys (zeros, lse -inf) and split counts
+    of no power of two (all at once: read as a power of two and the rest) and of one; by
+    default all at once from ``COMBINE_WIDE_SPLITS`` splits on."""
+    assert split_pieces(40) == {"SPLIT_HEAD": 32, "SPLIT_TAIL": 8}  # tp 4, M = 1: no padding
+    assert split_pieces(32) == {"SPLIT_HEAD": 32, "SPLIT_TAIL": 0}
+    assert split_pieces(7) == {"SPLIT_HEAD": 4, "SPLIT_TAIL": 4}  # one padded row
+    assert split_pieces(1) == {"SPLIT_HEAD": 1, "SPLIT_TAIL": 0}
     monkeypatch.delenv("DSV41_COMBINE_WIDE", raising=False)
     assert combine_wide(COMBINE_WIDE_SPLITS) and not combine_wide(COMBINE_WIDE_SPLITS - 1)
     monkeypatch.setenv("DSV41_COMBINE_WIDE", wide)
@@ -223,7 +229,7 @@ def test_combine_split_by_split_or_all_at_once(wide, monkeypatch):
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_mx")
     table = sc.key_table.clone()
     table[2] = NONE
-    got = _run(layer, sc, q_fused, key_table=table, splits=3)
+    got = _run(layer, sc, q_fused, key_table=table, splits=splits)
     _assert_matches(got, _expected(layer, sc, seams, table, layer.attn_sink))
     assert torch.equal(got[0][2], torch.zeros_like(got[0][2])) and torch.isneginf(got[2][2]).all()
     monkeypatch.setenv("DSV41_COMBINE_WIDE", "2")

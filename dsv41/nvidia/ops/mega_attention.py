@@ -341,25 +341,49 @@ def mega_attention_kernel(
 
 
 @triton.jit
-def _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT: tl.constexpr,
-                     SPLITS: tl.constexpr, W: tl.constexpr, SPLIT_PAD: tl.constexpr):  # fmt: skip
-    """The combine's sums ``(acc [CH, W], l_i [CH], m_i [CH])`` of heads ``hh``, dims ``d0 ..``
-    of (token, tile) ``pid`` from every split's (max, sum) and o partial read in one load each,
-    ``[splits, heads(, dims)]`` (splits padded to ``SPLIT_PAD``, masked), so all are in flight
-    at once; each split weighted by 2^(its max - the common max), summed over the splits."""
-    t = tl.arange(0, SPLIT_PAD)
-    t_ok = t < SPLITS
+def _split_rows_tl(part_o_ptr, part_stat_ptr, pid, t0, hh, cols, HT: tl.constexpr,
+                   SPLITS: tl.constexpr, N: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
+    """Splits ``t0 .. t0 + N`` (padded to ``PAD``, masked) of (token, tile) ``pid``: their maxes
+    and sums ``[PAD, heads]`` and o partials ``[PAD, heads, dims]``, one load each."""
+    t = t0 + tl.arange(0, PAD)
+    t_ok = t < t0 + N
     first = pid.to(tl.int64) * SPLITS + t  # each split's row of partials
     stat = part_stat_ptr + first[:, None] * (2 * HT) + hh[None, :]
     m_t = tl.load(stat, mask=t_ok[:, None], other=-float("inf"))
     l_t = tl.load(stat + HT, mask=t_ok[:, None], other=0.0)
-    cols = d0 + tl.arange(0, W)
     part = part_o_ptr + ((first[:, None] * HT + hh[None, :]) * _HEAD_DIM)[:, :, None] + cols
     o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0)
-    m_i = tl.max(m_t, axis=0)
+    return m_t, l_t, o_t
+
+
+@triton.jit
+def _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT: tl.constexpr,
+                     SPLITS: tl.constexpr, W: tl.constexpr, HEAD: tl.constexpr,
+                     TAIL: tl.constexpr):  # fmt: skip
+    """The combine's sums ``(acc [CH, W], l_i [CH], m_i [CH])`` of heads ``hh``, dims ``d0 ..``
+    of (token, tile) ``pid`` from every split's (max, sum) and o partial read in one load each,
+    ``[splits, heads(, dims)]``, so all are in flight at once; each split weighted by 2^(its max
+    - the common max), summed over the splits. The splits come as a power of two ``HEAD`` and
+    the rest padded to ``TAIL`` (0: none), so no more than ``TAIL - (SPLITS - HEAD)`` padded
+    rows are read and summed (40 splits: 32 + 8, none, where one padded load took 64)."""
+    cols = d0 + tl.arange(0, W)
+    m_t, l_t, o_t = _split_rows_tl(part_o_ptr, part_stat_ptr, pid, 0, hh, cols, HT, SPLITS, HEAD,
+                                   HEAD)  # fmt: skip
+    if TAIL > 0:
+        m_u, l_u, o_u = _split_rows_tl(part_o_ptr, part_stat_ptr, pid, HEAD, hh, cols, HT,
+                                       SPLITS, SPLITS - HEAD, TAIL)  # fmt: skip
+        m_i = tl.maximum(tl.max(m_t, axis=0), tl.max(m_u, axis=0))
+    else:
+        m_i = tl.max(m_t, axis=0)
     m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
     w = tl.exp2(m_t - m_ref[None, :])  # 0 for a padded split and one without keys
-    return tl.sum(w[:, :, None] * o_t, axis=0), tl.sum(w * l_t, axis=0), m_i
+    acc = tl.sum(w[:, :, None] * o_t, axis=0)
+    l_i = tl.sum(w * l_t, axis=0)
+    if TAIL > 0:
+        w = tl.exp2(m_u - m_ref[None, :])
+        acc += tl.sum(w[:, :, None] * o_u, axis=0)
+        l_i += tl.sum(w * l_u, axis=0)
+    return acc, l_i, m_i
 
 
 @triton.jit(do_not_specialize=["max_pos"])
@@ -368,7 +392,8 @@ def mega_attention_combine_kernel(
     max_pos,
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
     CH: tl.constexpr, USE_PDL: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
-    HW: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, WIDE: tl.constexpr = False,
+    HW: tl.constexpr = False, SPLIT_HEAD: tl.constexpr = 1, SPLIT_TAIL: tl.constexpr = 0,
+    WIDE: tl.constexpr = False,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
     splits' partials rescaled to their common max and summed (in split order, or all read at
@@ -396,7 +421,7 @@ def mega_attention_combine_kernel(
         tl.store(stamps + 2, globaltimer_tl(pid))
     if WIDE:  # every split's (max, sum) and o partial in one load each, all in flight at once
         acc, l_i, m_i = _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT, SPLITS, W,
-                                         SPLIT_PAD)  # fmt: skip
+                                         SPLIT_HEAD, SPLIT_TAIL)  # fmt: skip
     else:  # split by split: t's partials sit t * 2 HT and t * HT * 512 floats past split 0's
         first = pid.to(tl.int64) * SPLITS
         stats = part_stat_ptr + first * (2 * HT) + hh
@@ -419,6 +444,14 @@ def mega_attention_combine_kernel(
     if TRACE:
         tl.store(stamps + 5, globaltimer_tl(pid))
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
+
+
+def split_pieces(splits: int) -> dict[str, int]:
+    """The wide combine's loads of ``splits`` splits: a power of two (``SPLIT_HEAD``) and the
+    rest padded to a power of two (``SPLIT_TAIL``, 0 when none is left)."""
+    head = 1 << (splits.bit_length() - 1)
+    tail = triton.next_power_of_2(splits - head) if splits > head else 0
+    return {"SPLIT_HEAD": head, "SPLIT_TAIL": tail}
 
 
 def combine_heads() -> int:
@@ -638,7 +671,7 @@ def mega_attention(
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
             CH=ch, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
-            SPLIT_PAD=triton.next_power_of_2(splits), WIDE=combine_wide(splits),
+            **split_pieces(splits), WIDE=combine_wide(splits),
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
             **pdl_launch_options(pdl),
         )  # fmt: skip
