@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -25,7 +25,7 @@
 # call 6 ran mma_probe.py). s20: session 20's call 1 (one token's block sums on f16 tensor
 # cores, DSV41_GEMV_TC: a new switch of that name, not session 16's; removed after it); s20b:
 # call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A; removed after it); s20c: call 3
-# (each kernel's hardware counters at tp 4, M = 1).
+# (each kernel's hardware counters at tp 4, M = 1); s20d: call 4 (the combine's split pieces).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1046,6 +1046,17 @@ for r in data:
           f"dram {f(r, 'dram__bytes_read.sum') / 1e6:6.2f} MB | "
           + " ".join(f"{n} {v:.1f}" for v, n in stalls if v >= 0.3))
 PY
+fi
+if [ "$what" = s20d ]; then
+  # Session 20, call 4 (about 9 minutes; _old/ holds tree a534556): the wide combine reading the
+  # splits as a power of two and the rest (40: 32 + 8, no padded rows) against one load padded
+  # to 64: the attention and step GPU tests, one and two tokens against the old tree twice at
+  # tp 4 and once at tp 2, then the tables of every M at both shares.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
+    tests/gpu/test_nvidia_step_gpu.py -k "matches_reference or any_split or step_matches or graph" \
+    --timeout 190 2>&1 | tail -3
+  one_two_vs_old a534556
+  tables nvidia
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
