@@ -69,6 +69,9 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # 40.3 / 40.3 against 40.7 / 41.5; tp 2, M = 1 (40): 38.2 against 38.7; but tp 2, M = 2 (20
 # splits): 66.4 against 64.8, tp 4, M = 16: 71.5 against 70.1, M = 48: 141.7 against 133.8.
 # With this rule, tp 4, M = 1: 25.6 / 25.5 / 25.7 against 27.1 / 26.6 / 26.5; tp 2: 37.7 / 38.2.
+# Read as a power of two and the rest (``split_pieces``: 40 = 32 + 8, not one load padded to 64;
+# SM90: 828 SASS lines after the wait against 1012), session 20: tp 4, M = 1 24.9 / 25.1 against
+# 25.2 / 25.3; M = 2 and tp 2 level.
 COMBINE_WIDE_SPLITS = 32
 # Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
 # each tier of (token, head tile) pairs (DSV41_ATTN_PROGRAMS_PER_SM overrides every tier). H200
