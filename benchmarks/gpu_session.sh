@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -25,7 +25,8 @@
 # call 6 ran mma_probe.py). s20: session 20's call 1 (one token's block sums on f16 tensor
 # cores, DSV41_GEMV_TC: a new switch of that name, not session 16's; removed after it); s20b:
 # call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A; removed after it); s20c: call 3
-# (each kernel's hardware counters at tp 4, M = 1); s20d: call 4 (the combine's split pieces).
+# (each kernel's hardware counters at tp 4, M = 1); s20d: call 4 (the combine's split pieces);
+# s20e: call 5 (every nvidia GPU test; the combine's heads a program).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1057,6 +1058,14 @@ if [ "$what" = s20d ]; then
     --timeout 190 2>&1 | tail -3
   one_two_vs_old a534556
   tables nvidia
+fi
+if [ "$what" = s20e ]; then
+  # Session 20, call 5 (about 5 minutes): every nvidia GPU test on the final tree, then the
+  # combine's heads a program (DSV41_COMBINE_HEADS 4, the default, 2 and 1) with the split
+  # pieces, once at tp 4, one token.
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    tests/gpu/test_mega_attention_gpu.py tests/gpu/test_mx_gpu.py --timeout 290 2>&1 | tail -3
+  ab DSV41_COMBINE_HEADS "4 2 1" --backend nvidia --tp 4 --tokens 1
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
