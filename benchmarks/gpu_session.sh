@@ -37,6 +37,13 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,nohead
   | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   | tee -a "$OUT/gpu.txt"
+# ncu, and the counters both of its modes (ncu, s20c) read: time, launch shape, instructions,
+# warps active, HBM bytes, and each stall reason's cycles an issued instruction.
+NCU=/usr/local/cuda/bin/ncu
+NCU_METRICS="gpu__time_duration.sum,launch__registers_per_thread,launch__grid_size"
+NCU_METRICS="$NCU_METRICS,smsp__inst_executed.sum,dram__bytes_read.sum"
+NCU_METRICS="$NCU_METRICS,sm__warps_active.avg.pct_of_peak_sustained_active"
+NCU_METRICS="$NCU_METRICS,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 # One bench run's table rows (the eager reference timed once); the modes below call it.
 b() { timeout ${BT:-200} python3 -m dsv41.cli bench --config dsv41-flash --reference-repeats 1 "$@" \
   2>&1 | grep -E "^(nvidia|mono) "; }
@@ -285,14 +292,9 @@ if [ "$what" = trace ]; then
 fi
 if [ "$what" = ncu ]; then
   # Hardware counters at tp 4, M = 1: mono's one kernel, then nvidia's four GEMMs of one step.
-  NCU=/usr/local/cuda/bin/ncu
-  M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum"
-  M="$M,sm__throughput.avg.pct_of_peak_sustained_elapsed"
-  M="$M,sm__warps_active.avg.pct_of_peak_sustained_active"
-  M="$M,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second,launch__registers_per_thread"
-  M="$M,launch__grid_size,smsp__inst_executed.sum"
-  M="$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
-  M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+  M="$NCU_METRICS,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+  M="$M,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__cycles_active.avg"
+  M="$M,sm__cycles_elapsed.avg.per_second,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
   timeout 130 $NCU --clock-control none -k regex:mono_kernel --launch-skip 3 --launch-count 1 \
     --metrics "$M" python3 benchmarks/ncu_steps.py --backend mono > "$OUT/ncu_mono.txt" 2>&1
   timeout 110 $NCU --clock-control none -k regex:mx_gemm_kernel --launch-skip 8 --launch-count 4 \
@@ -1016,11 +1018,7 @@ if [ "$what" = s20c ]; then
   # tp 4, M = 1 (the fifth eager step; ncu runs the kernels one at a time, caches flushed before
   # each, so no PDL overlap and no co-resident weight stream): duration, instructions executed
   # a warp, warps active, the stall reasons with >= 0.3 cycles an issue.
-  NCU=/usr/local/cuda/bin/ncu
-  M="gpu__time_duration.sum,launch__registers_per_thread,launch__grid_size,launch__block_size"
-  M="$M,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active"
-  M="$M,dram__bytes_read.sum,lts__t_bytes.sum"
-  M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
+  M="$NCU_METRICS,launch__block_size,lts__t_bytes.sum"
   timeout 200 $NCU --clock-control none -k regex:"mx_gemm|mega_attention|norm_rope" \
     --launch-skip 28 --launch-count 7 --csv --page raw --metrics "$M" \
     python3 benchmarks/ncu_steps.py --backend nvidia > "$OUT/ncu_step.csv" 2> "$OUT/ncu_step.err"
