@@ -23,7 +23,8 @@ chunk, ``COMBINE_HEADS`` heads), so the combine reads the partials in parallel
 rather than through one program, and the epilogue (sink, inverse RoPE, bf16,
 MXFP8 cast, fused-O store) is chunk-local (RoPE pairs and MX blocks never cross
 a 32-dim chunk); from ``COMBINE_WIDE_SPLITS`` splits on, a combine program reads all its
-partials in one load each. With one split the attention program runs the epilogue itself.
+partials at once (the splits as a power of two and the rest, a load each). With one split the
+attention program runs the epilogue itself.
 Neither launch syncs with the host or keeps state between calls, so a step can be captured
 in a CUDA graph. Products of a bf16 q and a dequantized key are exact in bf16, so
 on the GPU the score dot runs on bf16 operands and the output dot on a bf16
