@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -26,7 +26,8 @@
 # cores, DSV41_GEMV_TC: a new switch of that name, not session 16's; removed after it); s20b:
 # call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A; removed after it); s20c: call 3
 # (each kernel's hardware counters at tp 4, M = 1); s20d: call 4 (the combine's split pieces);
-# s20e: call 5 (every nvidia GPU test; the combine's heads a program).
+# s20e: call 5 (every nvidia GPU test; the combine's heads a program); s20f: call 6 (attention's
+# warps).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1064,6 +1065,15 @@ if [ "$what" = s20e ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
     tests/gpu/test_mega_attention_gpu.py tests/gpu/test_mx_gpu.py --timeout 290 2>&1 | tail -3
   ab DSV41_COMBINE_HEADS "4 2 1" --backend nvidia --tp 4 --tokens 1
+fi
+if [ "$what" = s20f ]; then
+  # Session 20, call 6 (about 4 minutes): attention programs of 4 (the default), 8 and 16 warps
+  # (DSV41_ATTN_WARPS; 16 warps at 78 registers hold one program a SM): attention's GPU tests
+  # with 16, then one token twice at tp 4 and once at tp 2.
+  DSV41_ATTN_WARPS=16 timeout 90 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_mega_attention_gpu.py -k matches_reference --timeout 80 2>&1 | tail -2
+  for r in 1 2; do ab DSV41_ATTN_WARPS "4 8 16" --backend nvidia --tp 4 --tokens 1; done
+  ab DSV41_ATTN_WARPS "4 16" --backend nvidia --tp 2 --tokens 1
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before

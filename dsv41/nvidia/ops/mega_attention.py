@@ -450,6 +450,12 @@ def mega_attention_combine_kernel(
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
+def attention_warps() -> int:
+    """Warps of an attention program: ``DSV41_ATTN_WARPS`` (4, 8 or 16) when set, else
+    ``ATTN_WARPS``."""
+    return env_int("DSV41_ATTN_WARPS", ATTN_WARPS, lambda v: v in (4, 8, 16), "4, 8 or 16")
+
+
 def split_pieces(splits: int) -> dict[str, int]:
     """The wide combine's loads of ``splits`` splits: a power of two (``SPLIT_HEAD``) and the
     rest padded to a power of two (``SPLIT_TAIL``, 0 when none is left)."""
@@ -661,7 +667,7 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
+        EARLY=early, num_warps=attention_warps(), USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
