@@ -27,7 +27,7 @@
 # call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A; removed after it); s20c: call 3
 # (each kernel's hardware counters at tp 4, M = 1); s20d: call 4 (the combine's split pieces);
 # s20e: call 5 (every nvidia GPU test; the combine's heads a program); s20f: call 6 (attention's
-# warps).
+# warps, DSV41_ATTN_WARPS; removed after it).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1067,7 +1067,8 @@ if [ "$what" = s20e ]; then
   ab DSV41_COMBINE_HEADS "4 2 1" --backend nvidia --tp 4 --tokens 1
 fi
 if [ "$what" = s20f ]; then
-  # Session 20, call 6 (about 4 minutes): attention programs of 4 (the default), 8 and 16 warps
+  # Session 20, call 6 (about 3 minutes; DSV41_ATTN_WARPS was removed after it, code in
+  # 26cbb82): attention programs of 4 (the default), 8 and 16 warps
   # (DSV41_ATTN_WARPS; 16 warps at 78 registers hold one program a SM): attention's GPU tests
   # with 16, then one token twice at tp 4 and once at tp 2.
   DSV41_ATTN_WARPS=16 timeout 90 python3 -m pytest -q -p no:cacheprovider \

@@ -86,7 +86,9 @@ PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
 # Warps of an attention program. 8 (113 registers, 791 SASS instructions a warp and key block on
 # SM90 against 237 and 1073 with 4) were level up to 16 tokens and slower above (H200, session
 # 11: tp 4, M = 32 / 48: 108.3 / 161.4 us against 94.2 / 136.0; tp 2: 167.9 / 233.4 against
-# 140.8 / 192.4).
+# 140.8 / 192.4). Session 20, tp 4, M = 1, us a step, same call: 4 warps 25.1 / 24.8, 8 25.7 /
+# 25.9, 16 (78 registers, 708 SASS lines after the wait against 919, one program a SM) 27.3 /
+# 26.6; tp 2: 36.9 against 40.3 with 16.
 ATTN_WARPS = 4
 # The score dot [16 heads, 512] x [512, 16 keys] is one chain of 32 dependent MMAs a warp; in 4
 # segments of 128 dims (a batched dot, summed after) it is 4 short chains, and on SM90 (Triton
@@ -450,12 +452,6 @@ def mega_attention_combine_kernel(
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
-def attention_warps() -> int:
-    """Warps of an attention program: ``DSV41_ATTN_WARPS`` (4, 8 or 16) when set, else
-    ``ATTN_WARPS``."""
-    return env_int("DSV41_ATTN_WARPS", ATTN_WARPS, lambda v: v in (4, 8, 16), "4, 8 or 16")
-
-
 def split_pieces(splits: int) -> dict[str, int]:
     """The wide combine's loads of ``splits`` splits: a power of two (``SPLIT_HEAD``) and the
     rest padded to a power of two (``SPLIT_TAIL``, 0 when none is left)."""
@@ -667,7 +663,7 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=early, num_warps=attention_warps(), USE_PDL=pdl, ALIGNED=aligned,
+        EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
