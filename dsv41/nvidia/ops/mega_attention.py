@@ -363,15 +363,23 @@ def _split_rows_tl(part_o_ptr, part_stat_ptr, pid, t0, hh, cols, HT: tl.constexp
 
 
 @triton.jit
+def _weighted_sums_tl(m_t, l_t, o_t, m_ref):
+    """``(sum w o, sum w l)`` over ``_split_rows_tl``'s splits, each weighted by ``w = 2^(its
+    max - m_ref)`` (0 for a padded split and one without keys)."""
+    w = tl.exp2(m_t - m_ref[None, :])
+    return tl.sum(w[:, :, None] * o_t, axis=0), tl.sum(w * l_t, axis=0)
+
+
+@triton.jit
 def _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT: tl.constexpr,
                      SPLITS: tl.constexpr, W: tl.constexpr, HEAD: tl.constexpr,
                      TAIL: tl.constexpr):  # fmt: skip
     """The combine's sums ``(acc [CH, W], l_i [CH], m_i [CH])`` of heads ``hh``, dims ``d0 ..``
-    of (token, tile) ``pid`` from every split's (max, sum) and o partial read in one load each,
-    ``[splits, heads(, dims)]``, so all are in flight at once; each split weighted by 2^(its max
-    - the common max), summed over the splits. The splits come as a power of two ``HEAD`` and
-    the rest padded to ``TAIL`` (0: none), so no more than ``TAIL - (SPLITS - HEAD)`` padded
-    rows are read and summed (40 splits: 32 + 8, none, where one padded load took 64)."""
+    of (token, tile) ``pid`` from every split's (max, sum) and o partial, ``[splits, heads(,
+    dims)]``, all loads in flight at once; each split weighted by 2^(its max - the common max),
+    summed over the splits. The splits come as a power of two ``HEAD`` and the rest padded to
+    ``TAIL`` (0: none), a load each, so no more than ``TAIL - (SPLITS - HEAD)`` padded rows are
+    read and summed (40 splits: 32 + 8, none, where one padded load took 64)."""
     cols = d0 + tl.arange(0, W)
     m_t, l_t, o_t = _split_rows_tl(part_o_ptr, part_stat_ptr, pid, 0, hh, cols, HT, SPLITS, HEAD,
                                    HEAD)  # fmt: skip
@@ -382,13 +390,11 @@ def _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT: tl.constexpr,
     else:
         m_i = tl.max(m_t, axis=0)
     m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)  # no key in any split: every weight is 0
-    w = tl.exp2(m_t - m_ref[None, :])  # 0 for a padded split and one without keys
-    acc = tl.sum(w[:, :, None] * o_t, axis=0)
-    l_i = tl.sum(w * l_t, axis=0)
+    acc, l_i = _weighted_sums_tl(m_t, l_t, o_t, m_ref)
     if TAIL > 0:
-        w = tl.exp2(m_u - m_ref[None, :])
-        acc += tl.sum(w[:, :, None] * o_u, axis=0)
-        l_i += tl.sum(w * l_u, axis=0)
+        acc_u, l_u = _weighted_sums_tl(m_u, l_u, o_u, m_ref)
+        acc += acc_u
+        l_i += l_u
     return acc, l_i, m_i
 
 
