@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -27,7 +27,8 @@
 # call 2 (the combine and wo_a in one launch, DSV41_FUSE_WO_A; removed after it); s20c: call 3
 # (each kernel's hardware counters at tp 4, M = 1); s20d: call 4 (the combine's split pieces);
 # s20e: call 5 (every nvidia GPU test; the combine's heads a program); s20f: call 6 (attention's
-# warps, DSV41_ATTN_WARPS; removed after it).
+# warps, DSV41_ATTN_WARPS; removed after it). s21: session 21's call 1 (attention and the combine
+# alone on their SMs, DSV41_ATTN_PER_SM / DSV41_COMBINE_PER_SM).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1075,6 +1076,28 @@ if [ "$what" = s20f ]; then
     tests/gpu/test_mega_attention_gpu.py -k matches_reference --timeout 80 2>&1 | tail -2
   for r in 1 2; do ab DSV41_ATTN_WARPS "4 8 16" --backend nvidia --tp 4 --tokens 1; done
   ab DSV41_ATTN_WARPS "4 16" --backend nvidia --tp 2 --tokens 1
+fi
+if [ "$what" = s21 ]; then
+  # Session 21, call 1 (about 7 minutes): attention's and the combine's programs holding 1 / n
+  # of a SM's shared memory (DSV41_ATTN_PER_SM, DSV41_COMBINE_PER_SM = n), so no weight stream
+  # of wo_a or wo_b sits beside their L2 reads: attention's and the step's GPU tests with both
+  # on, A/B twice at tp 4 and once at tp 2, one token; the trace with the default and with both.
+  both="DSV41_ATTN_PER_SM=1 DSV41_COMBINE_PER_SM=2"
+  env $both timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_mega_attention_gpu.py tests/gpu/test_nvidia_step_gpu.py \
+    -k "matches_reference or step_matches or graph" --timeout 140 2>&1 | tail -3
+  for r in 1 2; do
+    for sets in "" DSV41_ATTN_PER_SM=1 DSV41_COMBINE_PER_SM=1 DSV41_COMBINE_PER_SM=2 "$both" \
+        "DSV41_ATTN_PER_SM=1 DSV41_COMBINE_PER_SM=1"; do
+      v "$sets" --backend nvidia --tp 4 --tokens 1
+    done
+  done
+  for sets in "" DSV41_ATTN_PER_SM=1 "$both"; do v "$sets" --backend nvidia --tp 2 --tokens 1; done
+  for sets in "" "$both"; do
+    echo "trace: ${sets:-default}"
+    (if [ -n "$sets" ]; then export $sets; fi
+     timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10)
+  done
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before

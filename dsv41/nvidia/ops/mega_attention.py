@@ -56,6 +56,7 @@ from dsv41.nvidia.ops.record_prefetch import (
     record_row_ptrs_tl,
     rows_aligned,
 )
+from dsv41.nvidia.ops.sm_share import launch_alone, sm_share
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
@@ -661,7 +662,9 @@ def mega_attention(
         raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
                          f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
                          f"on {trace.device}")  # fmt: skip
-    mega_attention_kernel[(tiles, splits)](
+    gpu = not interpreting()
+    launch_alone(
+        mega_attention_kernel, (tiles, splits), sm_share("ATTN") if gpu else 0,
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
         window_cache.num_slots, 0 if compressed_cache is None else compressed_cache.num_slots,
@@ -678,7 +681,8 @@ def mega_attention(
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
-        mega_attention_combine_kernel[grid](
+        launch_alone(
+            mega_attention_combine_kernel, grid, sm_share("COMBINE") if gpu else 0,
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
