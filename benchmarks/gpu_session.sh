@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -28,7 +28,8 @@
 # (each kernel's hardware counters at tp 4, M = 1); s20d: call 4 (the combine's split pieces);
 # s20e: call 5 (every nvidia GPU test; the combine's heads a program); s20f: call 6 (attention's
 # warps, DSV41_ATTN_WARPS; removed after it). s21: session 21's call 1 (attention and the combine
-# alone on their SMs, DSV41_ATTN_PER_SM / DSV41_COMBINE_PER_SM).
+# alone on their SMs, DSV41_ATTN_PER_SM / DSV41_COMBINE_PER_SM); s21b: call 2 (attention alone,
+# 1 or 2 a SM, one and two tokens).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1098,6 +1099,13 @@ if [ "$what" = s21 ]; then
     (if [ -n "$sets" ]; then export $sets; fi
      timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -10)
   done
+fi
+if [ "$what" = s21b ]; then
+  # Session 21, call 2 (about 4 minutes): attention's programs alone on their SMs, 1 or 2 a SM
+  # (DSV41_ATTN_PER_SM), against the default, three times at tp 4 and once at tp 2, one and two
+  # tokens.
+  for r in 1 2 3; do ab DSV41_ATTN_PER_SM "0 1 2" --backend nvidia --tp 4 --tokens 1,2; done
+  ab DSV41_ATTN_PER_SM "0 1 2" --backend nvidia --tp 2 --tokens 1,2
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
