@@ -122,3 +122,25 @@ def test_record_prefetch_changes_no_bit(fmt, monkeypatch):
     for a, b in zip(on, off):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     _check_against_reference(layer, seams, on)
+
+
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_alone_changes_no_bit(tokens, monkeypatch):
+    """Programs holding their SMs alone (``DSV41_ATTN_ALONE``) compute the same bits, and the
+    launch asked for a whole SM's shared memory."""
+    from dsv41.nvidia.ops.mega_attention import mega_attention_kernel
+    from dsv41.nvidia.ops.sm_share import whole_sm_shared_bytes
+
+    layer, sc, seams, q_fused = _step(4, COMPRESSED_LAYER, tokens, "fp8_ds_mla")
+    monkeypatch.setenv("DSV41_ATTN_ALONE", "0")
+    off = _run(layer, sc, q_fused)
+    monkeypatch.setenv("DSV41_ATTN_ALONE", "1")
+    on = _run(layer, sc, q_fused)
+    for a, b in zip(on, off):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    _check_against_reference(layer, seams, on)
+    whole = whole_sm_shared_bytes(q_fused.device)
+    assert whole >= 200 * 1024
+    shared = [k.metadata.shared for cache in mega_attention_kernel.device_caches.values()
+              for k in cache[0].values()]  # fmt: skip
+    assert whole in shared

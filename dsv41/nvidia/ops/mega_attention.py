@@ -56,7 +56,7 @@ from dsv41.nvidia.ops.record_prefetch import (
     record_row_ptrs_tl,
     rows_aligned,
 )
-from dsv41.nvidia.ops.sm_share import launch_alone, sm_share
+from dsv41.nvidia.ops.sm_share import launch_alone
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
@@ -91,6 +91,15 @@ PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
 # 25.9, 16 (78 registers, 708 SASS lines after the wait against 919, one program a SM) 27.3 /
 # 26.6; tp 2: 36.9 against 40.3 with 16.
 ATTN_WARPS = 4
+# Attention's programs hold their SMs alone (``attention_alone``) while the launch has at most
+# 1 / ALONE_SMS_SHARE of the SMs' count of programs: tp 4, M = 1 (40 programs) on the H200.
+# Session 21, us a step, paired runs of one call: tp 4, M = 1 24.6 / 24.5 / 24.5 alone against
+# 25.1 / 24.9 / 24.9 (and 24.6 / 24.6 against 25.0 / 25.7 in call 1); 80 programs: tp 4, M = 2
+# 40.3 / 40.1 / 40.2 against 40.2 / 40.2 / 40.2, tp 2, M = 1 39.3 against 38.2, M = 2 63.8
+# against 65.8. Two programs a SM (half its shared memory each) were slower: 27.4 to 28.3 at tp
+# 4, M = 1. The combine alone (64 programs; 1 or 2 a SM) was slower too, 25.5 to 27.0, with or
+# without attention alone: wo_a's programs then crowd onto the SMs left.
+ALONE_SMS_SHARE = 3
 # The score dot [16 heads, 512] x [512, 16 keys] is one chain of 32 dependent MMAs a warp; in 4
 # segments of 128 dims (a batched dot, summed after) it is 4 short chains, and on SM90 (Triton
 # 3.6, 80-key splits) 940 SASS instructions a warp and key block instead of 1,073, 7 barriers
@@ -459,6 +468,19 @@ def mega_attention_combine_kernel(
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
+def attention_warps() -> int:
+    """Warps of an attention program: ``DSV41_ATTN_WARPS`` (4 or 8) when set, else
+    ``ATTN_WARPS``."""
+    return env_int("DSV41_ATTN_WARPS", ATTN_WARPS, lambda v: v in (4, 8), "4 or 8")
+
+
+def attention_alone(programs: int, sms: int) -> bool:
+    """Whether an attention launch of ``programs`` programs on ``sms`` SMs holds each SM it
+    runs on alone (``sm_share.launch_alone``): ``DSV41_ATTN_ALONE`` (1 or 0) when set, else
+    while it has at most ``sms // ALONE_SMS_SHARE`` programs."""
+    return bool(env_flag("DSV41_ATTN_ALONE", programs <= sms // ALONE_SMS_SHARE))
+
+
 def split_pieces(splits: int) -> dict[str, int]:
     """The wide combine's loads of ``splits`` splits: a power of two (``SPLIT_HEAD``) and the
     rest padded to a power of two (``SPLIT_TAIL``, 0 when none is left)."""
@@ -662,9 +684,9 @@ def mega_attention(
         raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
                          f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
                          f"on {trace.device}")  # fmt: skip
-    gpu = not interpreting()
+    alone = not interpreting() and attention_alone(tiles * splits, sm_count(device))
     launch_alone(
-        mega_attention_kernel, (tiles, splits), sm_share("ATTN") if gpu else 0,
+        mega_attention_kernel, (tiles, splits), alone, device,
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
         window_cache.num_slots, 0 if compressed_cache is None else compressed_cache.num_slots,
@@ -672,7 +694,7 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
+        EARLY=early, num_warps=attention_warps(), USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
@@ -681,8 +703,7 @@ def mega_attention(
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
-        launch_alone(
-            mega_attention_combine_kernel, grid, sm_share("COMBINE") if gpu else 0,
+        mega_attention_combine_kernel[grid](
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,

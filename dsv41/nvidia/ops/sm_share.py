@@ -1,15 +1,14 @@
-"""Launches whose programs keep a SM's shared memory to themselves (GPU only).
+"""Launches whose programs hold a SM alone (GPU only).
 
-At one token attention and its combine are bound by the latency of their L2 reads (q, the
-splits' partials: 1.5 and 2.3 us past their waits on the H200), while the programs of wo_a
-and wo_b, launched early by PDL, stream their weights from HBM on the same SMs. A program that
-asks for ``1 / per_sm`` of a SM's shared memory leaves no room there for any other program
-that uses shared memory (every GEMM and attention program does), so at most ``per_sm`` of it
-share a SM and no weight stream queues beside its reads.
+At one token attention's programs, bound by the latency of their instructions and L2 reads,
+shared their SMs with the programs of wo_a and the combine that PDL launches early: wo_a's
+stream their weights from HBM while they wait. A program that asks for all of a SM's shared
+memory leaves no room there for any other program that uses shared memory (every GEMM,
+attention and combine program does), so it runs alone on its SM.
 
 Triton sizes a kernel's dynamic shared memory from what the kernel uses; ``reserve_shared``
 raises that size on the compiled kernel before its first launch (its module is loaded again
-with the larger size). The kernel reads no more than it did: the rest is only held.
+with the larger size). The kernel reads and writes no more than it did: the rest is only held.
 """
 
 from __future__ import annotations
@@ -17,44 +16,35 @@ from __future__ import annotations
 import torch
 import triton
 
-from dsv41.common.switches import env_int
-
-SM_BLOCK_RESERVE = 1024  # bytes the hardware keeps for each resident program (SM90)
+SM_BLOCK_RESERVE = 1024  # shared bytes the hardware keeps for each resident program (SM90)
 
 
-def sm_share(name: str) -> int:
-    """``DSV41_<name>_PER_SM``: 0 (off, the default) or the most programs of that launch a SM
-    may hold (1 .. 8), no other program beside them."""
-    var = f"DSV41_{name}_PER_SM"
-    return env_int(var, 0, lambda v: 0 <= v <= 8, "0 (off) or 1 .. 8")
-
-
-def shared_bytes_for(per_sm: int, device: torch.device) -> int:
-    """Shared memory a program asks for so that no more than ``per_sm`` programs of any kernel
-    that uses shared memory fit on a SM of ``device``."""
-    props = torch.cuda.get_device_properties(device)
-    per_block = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)[
+def whole_sm_shared_bytes(device: torch.device) -> int:
+    """Shared memory a program asks for so that no other program using shared memory fits
+    beside it on a SM of ``device``: the SM's shared memory less its own reserve, capped at
+    what one program may ask for."""
+    per_sm = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    per_program = triton.runtime.driver.active.utils.get_device_properties(index)[
         "max_shared_mem"
     ]
-    per_sm_bytes = props.shared_memory_per_multiprocessor
-    return min(per_block, per_sm_bytes // per_sm - SM_BLOCK_RESERVE)
+    return min(per_program, per_sm - SM_BLOCK_RESERVE)
 
 
 def reserve_shared(compiled, nbytes: int) -> None:
     """Make the compiled Triton kernel ``compiled`` launch with at least ``nbytes`` of dynamic
-    shared memory (its module reloaded once with the new size)."""
+    shared memory (its module loaded again with the new size at its next launch)."""
     if compiled.metadata.shared >= nbytes:
         return
     compiled.metadata = compiled.metadata._replace(shared=nbytes)
     compiled.packed_metadata = (*compiled.packed_metadata[:2], nbytes)
-    compiled.module = compiled.function = compiled._run = None  # loaded again at the launch
+    compiled.module = compiled.function = compiled._run = None
 
 
-def launch_alone(kernel, grid, per_sm: int, *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``, its programs holding ``1 / per_sm`` of a SM's shared
-    memory each where ``per_sm`` > 0 (``sm_share``)."""
-    if per_sm:
+def launch_alone(kernel, grid, alone: bool, device: torch.device, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)`` on ``device``; with ``alone`` each program holds a
+    whole SM's shared memory (``whole_sm_shared_bytes``)."""
+    if alone:
         compiled = kernel.warmup(*args, grid=grid, **kwargs)
-        device = torch.device("cuda", torch.cuda.current_device())
-        reserve_shared(compiled, shared_bytes_for(per_sm, device))
+        reserve_shared(compiled, whole_sm_shared_bytes(device))
     kernel[grid](*args, **kwargs)

@@ -1,0 +1,49 @@
+"""Attention's programs holding their SMs alone: the rule, the switch, the shared-memory raise."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+
+from dsv41.nvidia.ops.mega_attention import ALONE_SMS_SHARE, attention_alone
+from dsv41.nvidia.ops.sm_share import reserve_shared
+
+
+def test_alone_while_the_launch_is_small(monkeypatch) -> None:
+    monkeypatch.delenv("DSV41_ATTN_ALONE", raising=False)
+    sms = 132
+    assert attention_alone(40, sms)  # tp 4, M = 1 on the H200
+    assert attention_alone(sms // ALONE_SMS_SHARE, sms)
+    assert not attention_alone(sms // ALONE_SMS_SHARE + 1, sms)
+    assert not attention_alone(80, sms)  # tp 4, M = 2 and tp 2, M = 1
+    monkeypatch.setenv("DSV41_ATTN_ALONE", "0")
+    assert not attention_alone(40, sms)
+    monkeypatch.setenv("DSV41_ATTN_ALONE", "1")
+    assert attention_alone(400, sms)
+    monkeypatch.setenv("DSV41_ATTN_ALONE", "2")
+    with pytest.raises(ValueError, match="DSV41_ATTN_ALONE: expected 0 or 1, got '2'"):
+        attention_alone(40, sms)
+
+
+class _Compiled:
+    """What ``reserve_shared`` touches of a Triton ``CompiledKernel``."""
+
+    def __init__(self, shared: int):
+        meta = namedtuple("KernelMetadata", ["name", "num_ctas", "num_warps", "shared"])
+        self.metadata = meta("k", 1, 4, shared)
+        self.packed_metadata = (4, 1, shared)
+        self.module, self.function, self._run = object(), object(), object()
+
+
+def test_reserve_shared_raises_the_launch_size_and_reloads() -> None:
+    k = _Compiled(32768)
+    reserve_shared(k, 232448)
+    assert k.metadata.shared == 232448 and k.metadata.num_warps == 4
+    assert k.packed_metadata == (4, 1, 232448)
+    assert k.module is None and k.function is None and k._run is None  # loaded again
+    big = _Compiled(240000)
+    handles = big.module, big.function, big._run
+    reserve_shared(big, 232448)  # already holds more: left as it is
+    assert big.packed_metadata == (4, 1, 240000)
+    assert (big.module, big.function, big._run) == handles
