@@ -89,12 +89,14 @@ PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
 # 11: tp 4, M = 32 / 48: 108.3 / 161.4 us against 94.2 / 136.0; tp 2: 167.9 / 233.4 against
 # 140.8 / 192.4). Session 20, tp 4, M = 1, us a step, same call: 4 warps 25.1 / 24.8, 8 25.7 /
 # 25.9, 16 (78 registers, 708 SASS lines after the wait against 919, one program a SM) 27.3 /
-# 26.6; tp 2: 36.9 against 40.3 with 16.
+# 26.6; tp 2: 36.9 against 40.3 with 16. Alone on their SMs (session 21, tp 4, M = 1): 8 warps
+# 25.7 / 26.2 against 24.6 / 24.6 with 4 (8 warps and 8 score segments: 26.1 / 26.0).
 ATTN_WARPS = 4
 # Attention's programs hold their SMs alone (``attention_alone``) while the launch has at most
 # 1 / ALONE_SMS_SHARE of the SMs' count of programs: tp 4, M = 1 (40 programs) on the H200.
 # Session 21, us a step, paired runs of one call: tp 4, M = 1 24.6 / 24.5 / 24.5 alone against
-# 25.1 / 24.9 / 24.9 (and 24.6 / 24.6 against 25.0 / 25.7 in call 1); 80 programs: tp 4, M = 2
+# 25.1 / 24.9 / 24.9 (calls 1 and 3: 24.6 / 24.6 against 25.0 / 25.7 and 24.9 / 25.3; with 2
+# heads a combine program beside it 24.8 / 25.7); 80 programs: tp 4, M = 2
 # 40.3 / 40.1 / 40.2 against 40.2 / 40.2 / 40.2, tp 2, M = 1 39.3 against 38.2, M = 2 63.8
 # against 65.8. Two programs a SM (half its shared memory each) were slower: 27.4 to 28.3 at tp
 # 4, M = 1. The combine alone (64 programs; 1 or 2 a SM) was slower too, 25.5 to 27.0, with or
@@ -468,12 +470,6 @@ def mega_attention_combine_kernel(
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
-def attention_warps() -> int:
-    """Warps of an attention program: ``DSV41_ATTN_WARPS`` (4 or 8) when set, else
-    ``ATTN_WARPS``."""
-    return env_int("DSV41_ATTN_WARPS", ATTN_WARPS, lambda v: v in (4, 8), "4 or 8")
-
-
 def attention_alone(programs: int, sms: int) -> bool:
     """Whether an attention launch of ``programs`` programs on ``sms`` SMs holds each SM it
     runs on alone (``sm_share.launch_alone``): ``DSV41_ATTN_ALONE`` (1 or 0) when set, else
@@ -694,7 +690,7 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=early, num_warps=attention_warps(), USE_PDL=pdl, ALIGNED=aligned,
+        EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
