@@ -31,7 +31,8 @@
 # alone on their SMs, DSV41_ATTN_PER_SM / DSV41_COMBINE_PER_SM); s21b: call 2 (attention alone,
 # 1 or 2 a SM, one and two tokens); s21c: call 3 (attention alone by default at tp 4, M = 1:
 # the tests, its warps, score segments and the combine's heads beside it); s21d: call 4 (an
-# early split's keys made after the wait where attention is alone; the tables).
+# early split's keys made after the wait where attention is alone, DSV41_ATTN_KEYS_AFTER_WAIT;
+# removed after it, code in 276e859; the tables).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

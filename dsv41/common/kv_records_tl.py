@@ -103,13 +103,15 @@ def record_offsets_tl(slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
-def fetch_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr):
-    """The loads of ``load_records_tl`` and nothing that waits for their data: ``(fp8 uint8 [BK,
-    512], rope, codes uint8 [BK, groups])``, ``rope`` the bf16 rope dims (fp8_ds_mla; 0 in the
-    nope columns) or ``fp8`` again (fp8_mx). ``dequant_records_tl`` makes the keys of them, so a
-    kernel can issue the loads, go on (a PDL wait), and only then wait for the bytes."""
+def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr):
+    """fp32 keys ``[BK, 512]`` of the records whose data rows and codes start at the uint8
+    pointers ``data_ptrs [BK]`` and ``code_ptrs [BK]``; rows where ``valid [BK]`` is false are 0.
+
+    Row pointers let one tile mix records of two caches (``tl.where(is_compressed, ...)``).
+    """
     d = tl.arange(0, _KV_DIM)
     if FMT == FMT_DS_MLA:
+        GROUP: tl.constexpr = _DS_MLA_GROUP
         is_nope = d < _NOPE_DIM
         fp8 = tl.load(
             data_ptrs[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0
@@ -121,44 +123,23 @@ def fetch_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.cons
             mask=valid[:, None] & ~is_nope[None, :],
             other=0.0,
         )
-        g = tl.arange(0, _KV_DIM // _DS_MLA_GROUP)  # the last group holds the rope dims: unit
+        fp8 = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        raw = tl.where(is_nope[None, :], fp8, rope.to(tl.float32))
+        g = tl.arange(0, _KV_DIM // GROUP)  # the last group holds the rope dims: unit scale
         code = tl.load(
             code_ptrs[:, None] + g[None, :],
             mask=valid[:, None] & (g < _DS_MLA_CODES)[None, :],
             other=_UNIT_CODE,
         )
     else:
-        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0)
-        rope = fp8
-        g = tl.arange(0, _KV_DIM // _MX_GROUP)
-        code = tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0)
-    return fp8, rope, code
-
-
-@triton.jit
-def dequant_records_tl(fp8, rope, code, FMT: tl.constexpr, BK: tl.constexpr):
-    """fp32 keys ``[BK, 512]`` of ``fetch_records_tl``'s bytes (invalid rows 0)."""
-    raw = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    if FMT == FMT_DS_MLA:
-        GROUP: tl.constexpr = _DS_MLA_GROUP
-        is_nope = tl.arange(0, _KV_DIM) < _NOPE_DIM
-        raw = tl.where(is_nope[None, :], raw, rope.to(tl.float32))
-    else:
         GROUP: tl.constexpr = _MX_GROUP
+        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0)
+        raw = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        g = tl.arange(0, _KV_DIM // GROUP)
+        code = tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0)
     scale = e8m0_scale_tl(code.to(tl.int32))
     keys = tl.reshape(raw, (BK, _KV_DIM // GROUP, GROUP)) * scale[:, :, None]
     return tl.reshape(keys, (BK, _KV_DIM))
-
-
-@triton.jit
-def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr):
-    """fp32 keys ``[BK, 512]`` of the records whose data rows and codes start at the uint8
-    pointers ``data_ptrs [BK]`` and ``code_ptrs [BK]``; rows where ``valid [BK]`` is false are 0.
-
-    Row pointers let one tile mix records of two caches (``tl.where(is_compressed, ...)``).
-    """
-    fp8, rope, code = fetch_records_tl(data_ptrs, code_ptrs, valid, FMT, BK)
-    return dequant_records_tl(fp8, rope, code, FMT, BK)
 
 
 @triton.jit

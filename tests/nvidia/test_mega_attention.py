@@ -165,11 +165,8 @@ def test_early_keys_give_the_same_bits(fmt, monkeypatch):
 
     default = run(blocks, False)
     monkeypatch.setenv("DSV41_ATTN_EARLY", "1")
-    for after in ("0", "1"):  # the keys made before or after the wait (DSV41_ATTN_KEYS_AFTER_WAIT)
-        monkeypatch.setenv("DSV41_ATTN_KEYS_AFTER_WAIT", after)
-        for got, want in zip(run(blocks, True), default):
-            assert torch.equal(got, want)
-    monkeypatch.delenv("DSV41_ATTN_KEYS_AFTER_WAIT")
+    for got, want in zip(run(blocks, True), default):
+        assert torch.equal(got, want)
     _assert_matches(_run(layer, sc, q_fused, splits=blocks),
                     (*_fused(seams.xo, m.heads_per_group), seams.lse))  # fmt: skip
     for got, want in zip(run(2, True), run(2, False)):  # two blocks a split: not early
@@ -360,8 +357,7 @@ from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
 fmt, prefetch = int(sys.argv[1]), sys.argv[2] == "1"
 consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
               KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
-              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False,
-              KEYS_AFTER_WAIT=False)
+              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
 kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
          "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
          "part_stat_ptr": "*fp32", "qk_scale": "fp32"}
@@ -388,39 +384,6 @@ def test_record_prefetch_compiles_for_sm90(fmt):
     assert on["size"] == (["576"] if fmt == "fp8_ds_mla" else ["528"]), on
     assert on["line"] == (1 if fmt == "fp8_ds_mla" else 0), on
     assert off["bulk"] == 0 and off["line"] == 0, off
-
-
-SM90_EARLY = r"""
-import json, sys
-from sm90 import sm90_ptx
-from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
-fmt, after = int(sys.argv[1]), sys.argv[2] == "1"
-consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
-              KEYS_PER_SPLIT=16, SPLITS=40, DOT_BF16=True, USE_PDL=True, EARLY=True,
-              ALIGNED=True, PREFETCH=False, SPLIT_PAD=16, QK_SPLIT=4, TRACE=False,
-              KEYS_AFTER_WAIT=after)
-kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
-         "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
-         "part_stat_ptr": "*fp32", "qk_scale": "fp32"}
-ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
-wait = ptx.find("griddepcontrol.wait")
-before, past = ptx[:wait], ptx[wait:]
-print(json.dumps({"wait": wait >= 0, "loads_before": before.count("ld.global.v4"),
-                  "e4m3_before": before.count("e4m3x2"), "e4m3_past": past.count("e4m3x2")}))
-"""
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_early_keys_after_the_wait_compile_for_sm90(fmt):
-    """A one-block split compiled for SM90 without a GPU: its record loads come before the PDL
-    wait either way; with KEYS_AFTER_WAIT every e4m3 conversion of them comes after the wait
-    (the program does not wait for the bytes before it), without it before."""
-    after, before = (ptx_facts(SM90_EARLY, str(FORMATS.index(fmt)), a) for a in ("1", "0"))
-    for facts in (after, before):
-        assert facts["wait"] and facts["loads_before"] >= 1, facts
-    assert after["e4m3_before"] == 0 and after["e4m3_past"] > 0, after
-    assert before["e4m3_before"] > 0, before
 
 
 @pytest.mark.parametrize("segments", [1, 2, 8])

@@ -43,7 +43,7 @@ import triton.language as tl
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
-from dsv41.common.kv_records_tl import dequant_records_tl, fetch_records_tl, fmt_id
+from dsv41.common.kv_records_tl import fmt_id, load_records_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
@@ -100,7 +100,10 @@ ATTN_WARPS = 4
 # 40.3 / 40.1 / 40.2 against 40.2 / 40.2 / 40.2, tp 2, M = 1 39.3 against 38.2, M = 2 63.8
 # against 65.8. Two programs a SM (half its shared memory each) were slower: 27.4 to 28.3 at tp
 # 4, M = 1. The combine alone (64 programs; 1 or 2 a SM) was slower too, 25.5 to 27.0, with or
-# without attention alone: wo_a's programs then crowd onto the SMs left.
+# without attention alone: wo_a's programs then crowd onto the SMs left. Alone, the one-block
+# splits' record loads issued before the PDL wait and their keys made after it (so a program
+# that starts late need not wait for the bytes before its wait; code in 276e859) measured level:
+# 24.5 / 24.9 against 24.5 / 25.0 (not alone: 25.0 / 25.1).
 ALONE_SMS_SHARE = 3
 # The score dot [16 heads, 512] x [512, 16 keys] is one chain of 32 dependent MMAs a warp; in 4
 # segments of 128 dims (a batched dot, summed after) it is 4 short chains, and on SM90 (Triton
@@ -190,40 +193,16 @@ def _epilogue_tl(
 
 
 @triton.jit
-def _fetch_key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
-                        KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
-                        COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
-                        ALIGNED: tl.constexpr):  # fmt: skip
-    """The record loads of keys ``k0 .. k0 + BK`` of a key-table row (``fetch_records_tl``'s
-    bytes) and which keys are valid."""
-    kk = k0 + tl.arange(0, BK)
-    data_ptrs, code_ptrs, valid = record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
-                                                 window_slots, compressed_slots, FMT, WIN_BLOCK,
-                                                 COMP_BLOCK, ALIGNED)  # fmt: skip
-    fp8, rope, code = fetch_records_tl(data_ptrs, code_ptrs, valid, FMT, BK)
-    return fp8, rope, code, valid
-
-
-@triton.jit
 def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
                   KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
                   COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
                   ALIGNED: tl.constexpr):  # fmt: skip
     """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
-    fp8, rope, code, valid = _fetch_key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
-                                                 compressed_slots, KEYS, FMT, WIN_BLOCK,
-                                                 COMP_BLOCK, BK, ALIGNED)  # fmt: skip
-    return dequant_records_tl(fp8, rope, code, FMT, BK), valid
-
-
-@triton.jit
-def _early_keys_tl(fp8, rope, code, FMT: tl.constexpr, BK: tl.constexpr, DOT_BF16: tl.constexpr):
-    """An early block's keys from ``fetch_records_tl``'s bytes, in the score dot's dtype (bf16 on
-    the GPU: exact, as in ``_key_step_tl``)."""
-    k = dequant_records_tl(fp8, rope, code, FMT, BK)
-    if DOT_BF16:
-        k = k.to(tl.bfloat16)
-    return k
+    kk = k0 + tl.arange(0, BK)
+    data_ptrs, code_ptrs, valid = record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
+                                                 window_slots, compressed_slots, FMT, WIN_BLOCK,
+                                                 COMP_BLOCK, ALIGNED)  # fmt: skip
+    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
 
 
 @triton.jit
@@ -290,16 +269,13 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, KEYS_AFTER_WAIT: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
 
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
-    block is read before the PDL wait, so only q's read waits for wq_b; with
-    ``KEYS_AFTER_WAIT`` only its loads are issued before the wait, and its keys are made once
-    q's load is issued after it (a program that starts late need not wait for its records
-    before the wait). ``PREFETCH`` (a split of
+    block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
     ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
     if TRACE:
@@ -319,16 +295,16 @@ def mega_attention_kernel(
     pos = tl.load(pos_ptr + token).to(tl.int64)
     cos_a, sin_a = _rope_angles_tl(0, pos, max_pos, cos_ptr, sin_ptr, _HEAD_DIM)
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
-    if EARLY:  # the block's record loads issued before the wait
+    if EARLY:
         tl.static_assert(KEYS_PER_SPLIT == BK, "an early split is one key block")
-        fp8, rope, code, valid_early = _fetch_key_block_tl(
-            table_ptr + token.to(tl.int64) * KEYS, split * BK, win_ptr, comp_ptr, window_slots,
-            compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK, ALIGNED,
-        )  # fmt: skip
-        if not KEYS_AFTER_WAIT:  # and their keys made before it (the program waits for them)
-            k_early = _early_keys_tl(fp8, rope, code, FMT, BK, DOT_BF16)
-            if TRACE:
-                _stamp_tl(stamps, 1, k_early.to(tl.float32))
+        k_early, valid_early = _key_block_tl(table_ptr + token.to(tl.int64) * KEYS, split * BK,
+                                             win_ptr, comp_ptr, window_slots, compressed_slots,
+                                             KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                             ALIGNED)  # fmt: skip
+        if TRACE:
+            _stamp_tl(stamps, 1, k_early)
+        if DOT_BF16:  # the dot's bf16 keys made before the wait too (exact, as in _key_step_tl)
+            k_early = k_early.to(tl.bfloat16)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
@@ -343,10 +319,6 @@ def mega_attention_kernel(
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
     q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
     q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
-    if EARLY and KEYS_AFTER_WAIT:  # while q is in flight
-        k_early = _early_keys_tl(fp8, rope, code, FMT, BK, DOT_BF16)
-        if TRACE:
-            _stamp_tl(stamps, 1, k_early.to(tl.float32))
     q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
     if DOT_BF16:  # the GPU's cast rounds to nearest even
         q = q.to(tl.bfloat16)
@@ -506,13 +478,6 @@ def attention_alone(programs: int, sms: int) -> bool:
     runs on alone (``sm_share.launch_alone``): ``DSV41_ATTN_ALONE`` (1 or 0) when set, else
     while it has at most ``sms // ALONE_SMS_SHARE`` programs."""
     return bool(env_flag("DSV41_ATTN_ALONE", programs <= sms // ALONE_SMS_SHARE))
-
-
-def keys_after_wait(alone: bool) -> bool:
-    """Whether an early split makes its keys after the PDL wait (``KEYS_AFTER_WAIT``):
-    ``DSV41_ATTN_KEYS_AFTER_WAIT`` (1 or 0) when set, else where the launch holds its SMs alone
-    (its programs start only as wq_b's leave a whole SM, so late)."""
-    return bool(env_flag("DSV41_ATTN_KEYS_AFTER_WAIT", alone))
 
 
 def split_pieces(splits: int) -> dict[str, int]:
@@ -728,7 +693,7 @@ def mega_attention(
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
-        EARLY=early, KEYS_AFTER_WAIT=early and keys_after_wait(alone), num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
+        EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
