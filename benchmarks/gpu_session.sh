@@ -29,7 +29,8 @@
 # s20e: call 5 (every nvidia GPU test; the combine's heads a program); s20f: call 6 (attention's
 # warps, DSV41_ATTN_WARPS; removed after it). s21: session 21's call 1 (attention and the combine
 # alone on their SMs, DSV41_ATTN_PER_SM / DSV41_COMBINE_PER_SM); s21b: call 2 (attention alone,
-# 1 or 2 a SM, one and two tokens); s21c: call 3 (attention alone by default at tp 4, M = 1:
+# 1 or 2 a SM, one and two tokens; both switches were replaced after it by DSV41_ATTN_ALONE, one
+# program a SM, code in 584bfd2); s21c: call 3 (attention alone by default at tp 4, M = 1:
 # the tests, its warps, score segments and the combine's heads beside it); s21d: call 4 (an
 # early split's keys made after the wait where attention is alone, DSV41_ATTN_KEYS_AFTER_WAIT;
 # removed after it, code in 276e859; the tables).
