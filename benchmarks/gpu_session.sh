@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -33,7 +33,8 @@
 # program a SM, code in 584bfd2); s21c: call 3 (attention alone by default at tp 4, M = 1:
 # the tests, its warps, score segments and the combine's heads beside it); s21d: call 4 (an
 # early split's keys made after the wait where attention is alone, DSV41_ATTN_KEYS_AFTER_WAIT;
-# removed after it, code in 276e859; the tables).
+# removed after it, code in 276e859; the tables); s21e: call 5 (the trace, with the attention
+# programs that end last).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1141,6 +1142,11 @@ if [ "$what" = s21d ]; then
     tests/gpu/test_nvidia_step_gpu.py -k "alone or matches_reference or step_matches or graph" \
     --timeout 190 2>&1 | tail -3
   tables nvidia tee
+fi
+if [ "$what" = s21e ]; then
+  # Session 21, call 5 (about 1 minute): the one-token trace at tp 4, with attention's last
+  # programs to end (which splits).
+  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -12
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before

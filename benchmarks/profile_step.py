@@ -247,6 +247,20 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                     )  # fmt: skip
                     sms = int(torch.bincount(rows[:, 6]).gt(0).sum()) if len(rows) else 0
                     print(f"  {name:9s} {len(rows):4d} progs {sms:3d} SMs | {cells}")
+                # The attention programs that ended last: their row (tile * splits + split: the
+                # split itself at one head tile) and their stamps, to tell whether some splits
+                # (compressed or window keys) run late.
+                full = attn.trace_buffer
+                ids = torch.nonzero((full[:, 0] > 0) & (full[:, 4] > 0)).flatten()
+                if len(ids):
+                    att = full[ids]
+                    order = torch.argsort(att[:, 5], descending=True)[:6]
+                    last = ", ".join(
+                        f"{int(ids[i])}: keys {(att[i, 1] - t0) / 1e3:.2f} q "
+                        f"{(att[i, 3] - t0) / 1e3:.2f} end {(att[i, 5] - t0) / 1e3:.2f}"
+                        for i in order.tolist()
+                    )  # fmt: skip
+                    print(f"  attention's last to end (row: stamps): {last}")
                 # Where wo_a's programs sit against attention's and the combine's (all launched
                 # early by PDL): SMs holding both, and the most programs of the three on one SM.
                 held = set(t[:, 6].tolist())
