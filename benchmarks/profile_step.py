@@ -232,9 +232,10 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                 t = t[t[:, 0] > 0]
                 print("  attention and combine programs, same clock: p0 / p50 / p100 of each "
                       "stamp")
-                names = ("start", "keys in", "waited", "q ready", "loop done", "end")
+                names = ("start", "keys in", "waited", "q ready", "loop done", "end", "SM",
+                         "scores")  # fmt: skip
                 for name, rows, fields in (
-                    ("attention", t[t[:, 4] > 0], (0, 1, 2, 3, 4, 5)),
+                    ("attention", t[t[:, 4] > 0], (0, 1, 2, 3, 7, 4, 5)),
                     ("combine", t[t[:, 4] == 0], (0, 2, 5)),
                 ):  # fmt: skip
                     if not len(rows):  # a launch the step did not make
@@ -257,7 +258,8 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                     order = torch.argsort(att[:, 5], descending=True)[:6]
                     last = ", ".join(
                         f"{int(ids[i])}: keys {(att[i, 1] - t0) / 1e3:.2f} q "
-                        f"{(att[i, 3] - t0) / 1e3:.2f} end {(att[i, 5] - t0) / 1e3:.2f}"
+                        f"{(att[i, 3] - t0) / 1e3:.2f} scores {(att[i, 7] - t0) / 1e3:.2f} "
+                        f"end {(att[i, 5] - t0) / 1e3:.2f}"
                         for i in order.tolist()
                     )  # fmt: skip
                     print(f"  attention's last to end (row: stamps): {last}")

@@ -192,10 +192,11 @@ def test_attention_trace_stamps_every_program(layer, tokens):
     assert bool((t[:programs, 0] > 0).all()) and bool((t[programs:] == 0).all())
     ours, comb = t[: tiles * splits], t[tiles * splits: programs]
     early = tokens == 1  # one key block a split, its records ready: read before the wait
-    assert bool((ours[:, 1] > 0).all() if early else (ours[:, 1] == 0).all())
-    order = (0, 1, 2, 3, 4, 5) if early else (0, 2, 3, 4, 5)
+    for f in (1, 7):  # the early keys and the early block's scores
+        assert bool((ours[:, f] > 0).all() if early else (ours[:, f] == 0).all()), f
+    order = (0, 1, 2, 3, 7, 4, 5) if early else (0, 2, 3, 4, 5)
     for f, g in itertools.pairwise(order):
         assert bool((ours[:, f] <= ours[:, g]).all()), (f, g)
     assert bool((comb[:, 0] <= comb[:, 2]).all() and (comb[:, 2] <= comb[:, 5]).all())
-    assert bool((comb[:, 3:5] == 0).all())
+    assert bool((comb[:, 3:5] == 0).all() and (comb[:, 7] == 0).all())
     assert bool((t[:programs, 6] >= 0).all() and (t[:programs, 6] < sms).all())

@@ -124,8 +124,9 @@ _LN2 = tl.constexpr(math.log(2.0))
 # The opt-in trace of the attention launches (``profile_step.py --attn-trace`` sets
 # ``trace_buffer``, int64 [>= programs of both launches, TRACE_FIELDS], GPU only): each program
 # stamps %globaltimer (ns) into its row. Attention: start, its early keys in registers (0 where
-# not EARLY), PDL wait over, q RoPE'd, its loop done, end, SM; the combine, in the rows after
-# attention's: start, 0, wait over, 0, 0, end, SM. A stamp after data takes an operand computed
+# not EARLY), PDL wait over, q RoPE'd, its loop done, end, SM, and an early block's scores (0
+# where not EARLY); the combine, in the rows after attention's: start, 0, wait over, 0, 0, end,
+# SM. A stamp after data takes an operand computed
 # from that data, so it is not taken before the data arrives (a reduction each: the trace
 # perturbs what it measures a little).
 TRACE_FIELDS = 8
@@ -331,6 +332,8 @@ def mega_attention_kernel(
     l_i = tl.zeros((HT,), tl.float32)
     acc = tl.zeros((HT, _HEAD_DIM), tl.float32)
     if EARLY:  # the split's one block, read before the wait
+        if TRACE:  # its scores (the same dot as the step's; the compiler makes it once)
+            _stamp_tl(stamps, 7, _scores_tl(q, k_early, QK_SPLIT, DOT_BF16))
         m_i, l_i, acc = _key_step_tl(q, k_early, valid_early, m_i, l_i, acc, qk_scale, QK_SPLIT,
                                      DOT_BF16, True)  # fmt: skip
     else:
