@@ -139,7 +139,7 @@ def test_alone_changes_no_bit(tokens, monkeypatch):
     for a, b in zip(on, off):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     _check_against_reference(layer, seams, on)
-    whole = whole_sm_shared_bytes(q_fused.device)
+    whole = whole_sm_shared_bytes(q_fused.device.index or 0)
     assert whole >= 200 * 1024
     shared = [k.metadata.shared for cache in mega_attention_kernel.device_caches.values()
               for k in cache[0].values()]  # fmt: skip

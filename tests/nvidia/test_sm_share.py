@@ -47,3 +47,7 @@ def test_reserve_shared_raises_the_launch_size_and_reloads() -> None:
     reserve_shared(big, 232448)  # already holds more: left as it is
     assert big.packed_metadata == (4, 1, 240000)
     assert (big.module, big.function, big._run) == handles
+    bare = _Compiled(32768)
+    bare.packed_metadata = (4, 1)  # not the layout this Triton's launcher reads
+    with pytest.raises(RuntimeError, match=r"packed_metadata is \(num_warps, num_ctas, shared\)"):
+        reserve_shared(bare, 232448)

@@ -126,9 +126,8 @@ _LN2 = tl.constexpr(math.log(2.0))
 # stamps %globaltimer (ns) into its row. Attention: start, its early keys in registers (0 where
 # not EARLY), PDL wait over, q RoPE'd, its loop done, end, SM, and an early block's scores (0
 # where not EARLY); the combine, in the rows after attention's: start, 0, wait over, 0, 0, end,
-# SM. A stamp after data takes an operand computed
-# from that data, so it is not taken before the data arrives (a reduction each: the trace
-# perturbs what it measures a little).
+# SM. A stamp after data takes an operand computed from that data, so it is not taken before
+# the data arrives (a reduction each: the trace perturbs what it measures a little).
 TRACE_FIELDS = 8
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 trace_buffer: torch.Tensor | None = None
