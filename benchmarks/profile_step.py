@@ -190,6 +190,11 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
     def q(v, p):
         return float(v.quantile(p))
 
+    def by_count(values, counts):
+        """'count: median of values (programs)' for each count, ascending."""
+        return ", ".join(f"{int(c)}: {q(values[counts == c], .5):.2f} ({int((counts == c).sum())})"
+                         for c in torch.unique(counts).tolist())  # fmt: skip
+
     try:
         for m in tokens:
             traces = {}
@@ -227,6 +232,15 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                       f"| {int((start > first_wait).sum()):4d} "
                       f"| {q(waited, 0):6.2f} {q(waited, 1):6.2f} | {q(end, .5):6.2f} "
                       f"{q(end, 1):6.2f} | {q(work, .5):5.2f} {q(work, 1):5.2f}")
+                # Past the wait by how many of the site's programs share the SM (one kernel's
+                # programs do the same work: a longer time with more of them is issue-bound).
+                print(f"         after wait by its programs on the SM: "
+                      f"{by_count(work, per_sm[t[:, 3].long()])}")
+                if site in ("wqkv", "wo_a"):  # the next GEMM's programs, resident early by PDL
+                    nxt = traces[GEMM_SITES[GEMM_SITES.index(site) + 1]]
+                    nxt = torch.bincount(nxt[nxt[:, 0] > 0][:, 3], minlength=1024)
+                    print(f"         after wait by the next GEMM's programs on the SM: "
+                          f"{by_count(work, nxt[t[:, 3].long()])}")
             if attention:  # rows of both launches: attention's have field 4 (loop done) set
                 t = attn.trace_buffer
                 t = t[t[:, 0] > 0]
@@ -263,6 +277,16 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                         for i in order.tolist()
                     )  # fmt: skip
                     print(f"  attention's last to end (row: stamps): {last}")
+                # Attention's loop (q ready to loop done) by the wo_a programs on the other SM
+                # of its pair (SMs 2i and 2i + 1 share a TPC): alone on its SM, a program's
+                # neighbour may still stream weights beside it.
+                wo_a_rows = traces["wo_a"][traces["wo_a"][:, 0] > 0]
+                if len(ids) and len(wo_a_rows):
+                    on_sm = torch.bincount(wo_a_rows[:, 3], minlength=1024)
+                    loop = (att[:, 4] - att[:, 3]).double() / 1e3
+                    pair = on_sm[att[:, 6] ^ 1]
+                    print(f"  attention's loop by wo_a's programs on the paired SM: "
+                          f"{by_count(loop, pair)}")
                 # Where wo_a's programs sit against attention's and the combine's (all launched
                 # early by PDL): SMs holding both, and the most programs of the three on one SM.
                 held = set(t[:, 6].tolist())
