@@ -165,8 +165,8 @@ def test_attention_trace_stamps_every_program(layer, tokens):
     """A traced step (``mega_attention.trace_buffer``, what ``profile_step.py --attn-trace``
     reads): every attention program stamps start <= (early keys in <=) wait over <= q ready <=
     (early scores <=) loop done <= end, every combine program start <= wait over <= end, each on
-    an SM of the GPU,
-    one row a program of both launches; the output equals the untraced step's."""
+    an SM of the GPU, one row a program of both launches; the output equals the untraced
+    step's."""
     from dsv41.nvidia.ops import mega_attention as attn
     from dsv41.nvidia.ops.mx_gemm import sm_count
 
