@@ -290,8 +290,7 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                 # Where wo_a's programs sit against attention's and the combine's (all launched
                 # early by PDL): SMs holding both, and the most programs of the three on one SM.
                 held = set(t[:, 6].tolist())
-                wo_a = traces["wo_a"]
-                wo_a_sms = wo_a[wo_a[:, 0] > 0][:, 3].tolist()
+                wo_a_sms = wo_a_rows[:, 3].tolist()
                 if not wo_a_sms:
                     continue
                 shared = len(held & set(wo_a_sms))
