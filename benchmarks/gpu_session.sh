@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -34,7 +34,9 @@
 # the tests, its warps, score segments and the combine's heads beside it); s21d: call 4 (an
 # early split's keys made after the wait where attention is alone, DSV41_ATTN_KEYS_AFTER_WAIT;
 # removed after it, code in 276e859; the tables); s21e: call 5 (the trace, with the attention
-# programs that end last).
+# programs that end last). s22: session 22's call 1 (the score dot's keys shaped before the wait
+# against the tree before it in _old/, the combine split by split, attention alone at tp 2, M = 2;
+# the trace).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1147,6 +1149,20 @@ if [ "$what" = s21e ]; then
   # Session 21, call 5 (about 1 minute): the one-token trace at tp 4, with attention's last
   # programs to end (which splits).
   timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -12
+fi
+if [ "$what" = s22 ]; then
+  # Session 22, call 1 (about 6 minutes): attention's tests; three rounds at tp 4, one token, of
+  # this tree, this tree with the combine split by split (DSV41_COMBINE_WIDE=0) and the tree
+  # before it (_old/); attention alone at tp 2, two tokens, twice; the trace.
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
+    -k "alone or matches_reference" --timeout 140 2>&1 | tail -3
+  for r in 1 2 3; do
+    v "" --backend nvidia --tp 4 --tokens 1
+    v DSV41_COMBINE_WIDE=0 --backend nvidia --tp 4 --tokens 1
+    (cd _old && export PYTHONPATH=$PWD && b --backend nvidia --tp 4 --tokens 1 | sed "s/^/HEAD: /")
+  done
+  for r in 1 2; do ab DSV41_ATTN_ALONE "0 1" --backend nvidia --tp 2 --tokens 2; done
+  timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 | tail -40
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
