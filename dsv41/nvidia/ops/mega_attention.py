@@ -49,12 +49,7 @@ from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
-from dsv41.nvidia.ops.pdl import (
-    pdl_enabled,
-    pdl_launch_options,
-    pdl_prologue_tl,
-    release_delay_ns,
-)
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import (
     prefetch_records_tl,
     record_ptrs_tl,
@@ -442,7 +437,7 @@ def mega_attention_combine_kernel(
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
     CH: tl.constexpr, USE_PDL: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
     HW: tl.constexpr = False, SPLIT_HEAD: tl.constexpr = 1, SPLIT_TAIL: tl.constexpr = 0,
-    WIDE: tl.constexpr = False, RELEASE_NS: tl.constexpr = 0,
+    WIDE: tl.constexpr = False,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
     splits' partials rescaled to their common max and summed (in split order, or all read at
@@ -465,7 +460,7 @@ def mega_attention_combine_kernel(
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     c, s = _rope_angles_tl(d0, pos, max_pos, cos_ptr, sin_ptr, W)
-    pdl_prologue_tl(USE_PDL, RELEASE_NS)
+    pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
     if WIDE:  # every split's (max, sum) and o partial in one load each, all in flight at once
@@ -730,7 +725,6 @@ def mega_attention(
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
             CH=ch, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
             **split_pieces(splits), WIDE=combine_wide(splits),
-            RELEASE_NS=release_delay_ns() if pdl else 0,
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
             **pdl_launch_options(pdl),
         )  # fmt: skip

@@ -32,8 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv41.common.switches import env_flag, env_int
-from dsv41.common.timer_tl import globaltimer_tl
+from dsv41.common.switches import env_flag
 
 PDL_MAX_TOKENS = 2
 
@@ -53,30 +52,8 @@ def pdl_launch_options(on: bool) -> dict:
 
 
 @triton.jit
-def _sleep_until_tl(like, t_end):
-    """Sleep in steps of about 128 ns until ``%globaltimer`` reaches ``t_end`` (ns), or at most
-    1024 steps; ``like``: an int32 scalar."""
-    t = globaltimer_tl(like)
-    n = 0
-    while (t < t_end) & (n < 1024):
-        t = tl.inline_asm_elementwise("nanosleep.u32 128;\n\tmov.u64 $0, %globaltimer;", "=l,r",
-                                      [like], dtype=tl.int64, is_pure=False, pack=1)  # fmt: skip
-        n += 1
-
-
-@triton.jit
-def pdl_prologue_tl(USE_PDL: tl.constexpr, RELEASE_NS: tl.constexpr = 0):
-    """Let the next kernel launch (``RELEASE_NS`` > 0: only that many ns after this program
-    starts), then wait for the previous one's writes."""
+def pdl_prologue_tl(USE_PDL: tl.constexpr):
+    """Let the next kernel launch, then wait for the previous one's writes."""
     if USE_PDL:
-        if RELEASE_NS > 0:
-            like = tl.program_id(0)
-            _sleep_until_tl(like, globaltimer_tl(like) + RELEASE_NS)
         gdc_launch_dependents()
         gdc_wait()
-
-
-def release_delay_ns() -> int:
-    """Experimental: ns the combine waits after its start before it lets wo_a launch
-    (``DSV41_COMBINE_RELEASE_NS``, 0 .. 10000; 0 by default: at once)."""
-    return env_int("DSV41_COMBINE_RELEASE_NS", 0, lambda v: v <= 10000, "0 .. 10000")
