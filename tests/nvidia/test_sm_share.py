@@ -6,7 +6,11 @@ from collections import namedtuple
 
 import pytest
 
-from dsv41.nvidia.ops.mega_attention import ALONE_SMS_SHARE, attention_alone
+from dsv41.nvidia.ops.mega_attention import (
+    ALONE_SMS_SHARE,
+    ALONE_SMS_SHARE_LONG,
+    attention_alone,
+)
 from dsv41.nvidia.ops.sm_share import reserve_shared
 
 
@@ -16,7 +20,10 @@ def test_alone_while_the_launch_is_small(monkeypatch) -> None:
     assert attention_alone(40, sms)  # tp 4, M = 1 on the H200
     assert attention_alone(sms // ALONE_SMS_SHARE, sms)
     assert not attention_alone(sms // ALONE_SMS_SHARE + 1, sms)
-    assert not attention_alone(80, sms)  # tp 4, M = 2 and tp 2, M = 1
+    assert not attention_alone(80, sms)  # tp 4, M = 2 and tp 2, M = 1: one-block splits
+    assert attention_alone(80, sms, 2)  # tp 2, M = 2 and tp 4, M = 4: two-block splits
+    assert attention_alone(int(sms // ALONE_SMS_SHARE_LONG), sms, 2)
+    assert not attention_alone(int(sms // ALONE_SMS_SHARE_LONG) + 1, sms, 3)
     monkeypatch.setenv("DSV41_ATTN_ALONE", "0")
     assert not attention_alone(40, sms)
     monkeypatch.setenv("DSV41_ATTN_ALONE", "1")

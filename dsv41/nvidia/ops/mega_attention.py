@@ -104,7 +104,14 @@ ATTN_WARPS = 4
 # splits' record loads issued before the PDL wait and their keys made after it (so a program
 # that starts late need not wait for the bytes before its wait; code in 276e859) measured level:
 # 24.5 / 24.9 against 24.5 / 25.0 (not alone: 25.0 / 25.1).
+# Splits of several key blocks (their loop is longer, so more of it meets the weight streams)
+# hold their SMs alone up to 1 / ALONE_SMS_SHARE_LONG of the SMs' count: tp 2, M = 2 (80
+# programs of 2 blocks) took 63.8 against 65.8 us (session 21) and 62.8 / 64.6 / 63.6 / 63.7
+# against 65.5 / 66.1 / 66.4 / 64.8 (session 22, three calls); one-block splits at 80
+# programs stay shared: tp 4, M = 2 was level (above), tp 2, M = 1 mixed (39.3 against 38.2,
+# 38.2 against 37.8 in session 21; 39.1 / 39.2 against 42.0 / 41.2 in session 22).
 ALONE_SMS_SHARE = 3
+ALONE_SMS_SHARE_LONG = 1.5
 # The score dot [16 heads, 512] x [512, 16 keys] is one chain of 32 dependent MMAs a warp; in 4
 # segments of 128 dims (a batched dot, summed after) it is 4 short chains, and on SM90 (Triton
 # 3.6, 80-key splits) 940 SASS instructions a warp and key block instead of 1,073, 7 barriers
@@ -490,11 +497,14 @@ def mega_attention_combine_kernel(
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
-def attention_alone(programs: int, sms: int) -> bool:
-    """Whether an attention launch of ``programs`` programs on ``sms`` SMs holds each SM it
-    runs on alone (``sm_share.launch_alone``): ``DSV41_ATTN_ALONE`` (1 or 0) when set, else
-    while it has at most ``sms // ALONE_SMS_SHARE`` programs."""
-    return bool(env_flag("DSV41_ATTN_ALONE", programs <= sms // ALONE_SMS_SHARE))
+def attention_alone(programs: int, sms: int, blocks_per_split: int = 1) -> bool:
+    """Whether an attention launch of ``programs`` programs on ``sms`` SMs, each over
+    ``blocks_per_split`` blocks of keys, holds each SM it runs on alone
+    (``sm_share.launch_alone``): ``DSV41_ATTN_ALONE`` (1 or 0) when set, else while it has at
+    most ``sms // ALONE_SMS_SHARE`` programs, or ``sms // ALONE_SMS_SHARE_LONG`` of more than
+    one block."""
+    share = ALONE_SMS_SHARE_LONG if blocks_per_split > 1 else ALONE_SMS_SHARE
+    return bool(env_flag("DSV41_ATTN_ALONE", programs <= int(sms // share)))
 
 
 def split_pieces(splits: int) -> dict[str, int]:
@@ -700,7 +710,8 @@ def mega_attention(
         raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
                          f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
                          f"on {trace.device}")  # fmt: skip
-    alone = not interpreting() and attention_alone(tiles * splits, sm_count(device))
+    alone = not interpreting() and attention_alone(tiles * splits, sm_count(device),
+                                                   keys_per_split // KEY_BLOCK)  # fmt: skip
     launch_alone(
         mega_attention_kernel, (tiles, splits), alone, device,
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
