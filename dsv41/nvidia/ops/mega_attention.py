@@ -221,45 +221,31 @@ def _dot_tl(a, b, DOT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _score_keys_tl(k, SPLIT: tl.constexpr):
-    """Keys ``k [BK, 512]`` as the score dot's second operand (``_scores_tl``): ``[512, BK]``,
-    or ``[SPLIT, 512 / SPLIT, BK]`` with ``SPLIT`` > 1."""
+def _scores_tl(q, k, SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):
+    """``q [HT, 512] . k [BK, 512]^T`` -> fp32 ``[HT, BK]``. With ``SPLIT`` > 1 the 512 dims are
+    cut into SPLIT segments, one batch of a batched dot each, summed after: a warp then runs
+    SPLIT independent chains of MMAs over 512 / SPLIT dims instead of one chain over 512."""
     if SPLIT == 1:
-        kt = tl.trans(k)
-    else:
-        BK: tl.constexpr = k.shape[0]
-        SEG: tl.constexpr = k.shape[1] // SPLIT
-        kt = tl.permute(tl.reshape(k, (BK, SPLIT, SEG)), (1, 2, 0))
-    return kt
-
-
-@triton.jit
-def _scores_tl(q, kt, SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):
-    """``q [HT, 512] . k [BK, 512]^T`` -> fp32 ``[HT, BK]``, ``kt`` the keys as
-    ``_score_keys_tl`` shapes them. With ``SPLIT`` > 1 the 512 dims are cut into SPLIT segments,
-    one batch of a batched dot each, summed after: a warp then runs SPLIT independent chains of
-    MMAs over 512 / SPLIT dims instead of one chain over 512."""
-    if SPLIT == 1:
-        s = _dot_tl(q, kt, DOT_BF16)
+        s = _dot_tl(q, tl.trans(k), DOT_BF16)
     else:
         HT: tl.constexpr = q.shape[0]
+        BK: tl.constexpr = k.shape[0]
         SEG: tl.constexpr = q.shape[1] // SPLIT
         q3 = tl.permute(tl.reshape(q, (HT, SPLIT, SEG)), (1, 0, 2))
-        s = tl.sum(_dot_tl(q3, kt, DOT_BF16), axis=0)
+        k3 = tl.permute(tl.reshape(k, (BK, SPLIT, SEG)), (1, 2, 0))
+        s = tl.sum(_dot_tl(q3, k3, DOT_BF16), axis=0)
     return s
 
 
 @triton.jit
 def _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT: tl.constexpr,
-                 DOT_BF16: tl.constexpr, FIRST: tl.constexpr, kt=None):  # fmt: skip
+                 DOT_BF16: tl.constexpr, FIRST: tl.constexpr):  # fmt: skip
     """One block of keys ``k [BK, 512]`` (``valid [BK]``) into the online softmax: ``(m_i, l_i,
     acc)`` after it (log2 units). ``FIRST``: the split's first block (``m_i`` -inf, ``l_i`` and
     ``acc`` 0), so nothing is rescaled: the same values, 64 fewer multiplies a thread."""
     if DOT_BF16:
         k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
-    if kt is None:
-        kt = _score_keys_tl(k, QK_SPLIT)
-    s = _scores_tl(q, kt, QK_SPLIT, DOT_BF16)
+    s = _scores_tl(q, k, QK_SPLIT, DOT_BF16)
     s = tl.where(valid[None, :], s * qk_scale, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # no key yet: keep exp2 finite
@@ -326,7 +312,6 @@ def mega_attention_kernel(
             _stamp_tl(stamps, 1, k_early)
         if DOT_BF16:  # the dot's bf16 keys made before the wait too (exact, as in _key_step_tl)
             k_early = k_early.to(tl.bfloat16)
-        kt_early = _score_keys_tl(k_early, QK_SPLIT)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         tl.store(stamps + 2, globaltimer_tl(pid))
@@ -354,9 +339,9 @@ def mega_attention_kernel(
     acc = tl.zeros((HT, _HEAD_DIM), tl.float32)
     if EARLY:  # the split's one block, read before the wait
         if TRACE:  # its scores (the same dot as the step's; the compiler makes it once)
-            _stamp_tl(stamps, 7, _scores_tl(q, kt_early, QK_SPLIT, DOT_BF16))
+            _stamp_tl(stamps, 7, _scores_tl(q, k_early, QK_SPLIT, DOT_BF16))
         m_i, l_i, acc = _key_step_tl(q, k_early, valid_early, m_i, l_i, acc, qk_scale, QK_SPLIT,
-                                     DOT_BF16, True, kt_early)  # fmt: skip
+                                     DOT_BF16, True)  # fmt: skip
     else:
         table_row = table_ptr + token.to(tl.int64) * KEYS
         for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
