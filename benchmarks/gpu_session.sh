@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -39,7 +39,8 @@
 # the trace); s22b: call 2 (attention's loop spread with PDL off and not alone; alone at tp 2);
 # s22c: call 3 (the combine's release of wo_a delayed, DSV41_COMBINE_RELEASE_NS; removed after
 # it, code in 7ea6aca); s22d: call 4 (every nvidia GPU test, attention alone
-# for two-block splits, the tables).
+# for two-block splits, the tables); s22e: call 5 (after the keys-before-wait change was
+# reverted: alone against not at tp 2, one and two tokens; the tables).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1195,6 +1196,12 @@ if [ "$what" = s22d ]; then
     tests/gpu/test_mega_attention_gpu.py tests/gpu/test_mx_gpu.py --timeout 290 2>&1 | tail -3
   ab DSV41_ATTN_ALONE "0 1" --backend nvidia --tp 4 --tokens 4
   ab DSV41_ATTN_ALONE "0 1" --backend nvidia --tp 2 --tokens 2
+  tables nvidia tee
+fi
+if [ "$what" = s22e ]; then
+  # Session 22, call 5 (about 6 minutes): attention alone against not at tp 2, one and two
+  # tokens, twice; the tables.
+  for r in 1 2; do ab DSV41_ATTN_ALONE "0 1" --backend nvidia --tp 2 --tokens 1,2; done
   tables nvidia tee
 fi
 if [ "$what" = s19d ]; then
