@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -40,7 +40,8 @@
 # s22c: call 3 (the combine's release of wo_a delayed, DSV41_COMBINE_RELEASE_NS; removed after
 # it, code in 7ea6aca); s22d: call 4 (every nvidia GPU test, attention alone
 # for two-block splits, the tables); s22e: call 5 (after the keys-before-wait change was
-# reverted: alone against not at tp 2, one and two tokens; the tables).
+# reverted: alone against not at tp 2, one and two tokens; the tables); s22f: call 6 (attention
+# launched twice with PDL off, DSV41_ATTN_TWICE: its second launch's trace; removed after it).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1203,6 +1204,16 @@ if [ "$what" = s22e ]; then
   # tokens, twice; the tables.
   for r in 1 2; do ab DSV41_ATTN_ALONE "0 1" --backend nvidia --tp 2 --tokens 1,2; done
   tables nvidia tee
+fi
+if [ "$what" = s22f ]; then
+  # Session 22, call 6 (about 1 minute): with PDL off, attention's stamps in one launch and in
+  # the second of two back to back (its code then in the SMs' instruction caches).
+  for sets in "DSV41_PDL=0" "DSV41_PDL=0 DSV41_ATTN_TWICE=1" "DSV41_PDL=0 DSV41_ATTN_TWICE=1"; do
+    echo "trace: $sets"
+    (export $sets
+     timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 \
+       | grep -A3 "attention and combine programs")
+  done
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
