@@ -41,7 +41,8 @@
 # it, code in 7ea6aca); s22d: call 4 (every nvidia GPU test, attention alone
 # for two-block splits, the tables); s22e: call 5 (after the keys-before-wait change was
 # reverted: alone against not at tp 2, one and two tokens; the tables); s22f: call 6 (attention
-# launched twice with PDL off, DSV41_ATTN_TWICE: its second launch's trace; removed after it).
+# launched twice with PDL off, DSV41_ATTN_TWICE: its second launch's trace; removed after it,
+# code in bd4e60b).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

@@ -193,23 +193,20 @@ def launch_step(
     splits, _ = attention_splits(
         bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
     )
-    # Diagnostic (DSV41_ATTN_TWICE=1): attention launched twice, the second time on SMs whose
-    # instruction caches hold its code (the trace then shows the second launch).
-    for _ in range(2 if env_flag("DSV41_ATTN_TWICE", False) else 1):
-        xo, xo_codes, lse = mega_attention(
-            out.q,
-            positions,
-            key_table,
-            window_cache,
-            compressed_cache,
-            layer.attn_sink,
-            cos,
-            sin,
-            softmax_scale=model.softmax_scale,
-            heads_per_group=model.heads_per_group,
-            splits=splits,
-            records_ready=side is not None,  # the insert joined by an event, not a PDL edge
-        )
+    xo, xo_codes, lse = mega_attention(
+        out.q,
+        positions,
+        key_table,
+        window_cache,
+        compressed_cache,
+        layer.attn_sink,
+        cos,
+        sin,
+        softmax_scale=model.softmax_scale,
+        heads_per_group=model.heads_per_group,
+        splits=splits,
+        records_ready=side is not None,  # the insert joined by an event, not a PDL edge
+    )
     if z_cast_in_wo_b(layer, x.shape[0], x.device):
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
                 n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
