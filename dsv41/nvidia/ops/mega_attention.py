@@ -106,10 +106,10 @@ ATTN_WARPS = 4
 # 24.5 / 24.9 against 24.5 / 25.0 (not alone: 25.0 / 25.1).
 # Splits of several key blocks (their loop is longer, so more of it meets the weight streams)
 # hold their SMs alone up to 1 / ALONE_SMS_SHARE_LONG of the SMs' count: tp 2, M = 2 (80
-# programs of 2 blocks) took 63.8 against 65.8 us (session 21) and 62.8 / 64.6 / 63.6 / 63.7
-# against 65.5 / 66.1 / 66.4 / 64.8 (session 22, three calls); one-block splits at 80
-# programs stay shared: tp 4, M = 2 was level (above), tp 2, M = 1 mixed (39.3 against 38.2,
-# 38.2 against 37.8 in session 21; 39.1 / 39.2 against 42.0 / 41.2 in session 22).
+# programs of 2 blocks) took 63.8 against 65.8 us (session 21) and 63.7 / 62.9 against 64.7 /
+# 64.7 (session 22; tp 4, M = 4, 80 x 2 without PDL: 60.3 against 60.1); one-block splits at
+# 80 programs stay shared: tp 4, M = 2 was level (above), tp 2, M = 1 slower alone (39.3
+# against 38.2 and 38.2 against 37.8 in session 21, 38.9 / 38.7 against 37.2 / 37.0 in 22).
 ALONE_SMS_SHARE = 3
 ALONE_SMS_SHARE_LONG = 1.5
 # The score dot [16 heads, 512] x [512, 16 keys] is one chain of 32 dependent MMAs a warp; in 4
