@@ -42,7 +42,8 @@
 # for two-block splits, the tables); s22e: call 5 (after the keys-before-wait change was
 # reverted: alone against not at tp 2, one and two tokens; the tables); s22f: call 6 (attention
 # launched twice with PDL off, DSV41_ATTN_TWICE: its second launch's trace; removed after it,
-# code in bd4e60b); s22g: call 7 (q read straight into the score dot's segments, DSV41_ATTN_Q3D).
+# code in bd4e60b); s22g: call 7 (q read straight into the score dot's segments, DSV41_ATTN_Q3D;
+# removed after it, code in 5d98b97).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

@@ -401,32 +401,3 @@ def test_score_dot_in_segments_matches_the_reference(segments, monkeypatch) -> N
     monkeypatch.setenv("DSV41_ATTN_QK_SPLIT", "3")
     with pytest.raises(ValueError, match="DSV41_ATTN_QK_SPLIT: expected 1, 2, 4 or 8, got '3'"):
         _run(layer, sc, q_fused, splits=1)
-
-
-@pytest.mark.parametrize("segments", [2, 4])
-def test_q_loaded_in_segments_gives_the_same_bits(segments, monkeypatch) -> None:
-    """q read straight into the score dot's segments (``DSV41_ATTN_Q3D=1``) gives the bits of q
-    read whole and cut after, for one-block (early) splits and longer ones; with one segment
-    the switch changes nothing."""
-    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, "fp8_ds_mla")
-    m = layer.dims.model
-    cos, sin = rope_tables(m, layer.layer_id)
-    blocks = -(-sc.key_table.shape[1] // KEY_BLOCK)
-
-    def run(splits):
-        return mega_attention(
-            q_fused, sc.positions, sc.key_table, sc.window_cache, sc.compressed_cache,
-            layer.attn_sink, cos, sin, softmax_scale=m.softmax_scale,
-            heads_per_group=m.heads_per_group, splits=splits, records_ready=True,
-        )  # fmt: skip
-
-    monkeypatch.setenv("DSV41_ATTN_EARLY", "1")
-    monkeypatch.setenv("DSV41_ATTN_QK_SPLIT", str(segments))
-    for splits in (blocks, 2):
-        monkeypatch.delenv("DSV41_ATTN_Q3D", raising=False)
-        want = run(splits)
-        monkeypatch.setenv("DSV41_ATTN_Q3D", "1")
-        for got, ref in zip(run(splits), want):
-            assert torch.equal(got, ref)
-    _assert_matches(_run(layer, sc, q_fused, splits=blocks),
-                    (*_fused(seams.xo, m.heads_per_group), seams.lse))  # fmt: skip

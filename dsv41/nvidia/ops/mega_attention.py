@@ -228,13 +228,10 @@ def _scores_tl(q, k, SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):
     if SPLIT == 1:
         s = _dot_tl(q, tl.trans(k), DOT_BF16)
     else:
+        HT: tl.constexpr = q.shape[0]
         BK: tl.constexpr = k.shape[0]
-        SEG: tl.constexpr = k.shape[1] // SPLIT
-        HT: tl.constexpr = q.shape[len(q.shape) - 2]
-        if len(q.shape) == 3:
-            q3 = q
-        else:
-            q3 = tl.permute(tl.reshape(q, (HT, SPLIT, SEG)), (1, 0, 2))
+        SEG: tl.constexpr = q.shape[1] // SPLIT
+        q3 = tl.permute(tl.reshape(q, (HT, SPLIT, SEG)), (1, 0, 2))
         k3 = tl.permute(tl.reshape(k, (BK, SPLIT, SEG)), (1, 2, 0))
         s = tl.sum(_dot_tl(q3, k3, DOT_BF16), axis=0)
     return s
@@ -279,7 +276,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, Q3D: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -326,31 +323,14 @@ def mega_attention_kernel(
         prefetch_records_tl(ahead[0], ahead[1], ahead[2], FMT)
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
-    if Q3D:  # q in the score dot's segments [QK_SPLIT, HT, 512 / QK_SPLIT], loaded as such
-        tl.static_assert(QK_SPLIT > 1, "q is loaded in segments only for a segmented score dot")
-        SEG: tl.constexpr = _HEAD_DIM // QK_SPLIT
-        d3 = tl.arange(0, QK_SPLIT)[:, None, None] * SEG + tl.arange(0, SEG)[None, None, :]
-        q_at3 = (token * (H * _HEAD_DIM) + heads[None, :, None] * _Q_CHUNK
-                 + d3 // _Q_CHUNK * (H * _Q_CHUNK) + d3 % _Q_CHUNK)  # fmt: skip
-        q3 = tl.load(q_ptr + q_at3, mask=head_ok[None, :, None], other=0.0).to(tl.float32)
-        c3 = tl.reshape(cos_a, (QK_SPLIT, 1, SEG // 2))
-        s3 = tl.reshape(sin_a, (QK_SPLIT, 1, SEG // 2))
-        v0, v1 = tl.split(tl.reshape(q3, (QK_SPLIT, HT, SEG // 2, 2)))
-        r0, r1 = rope_pair_tl(v0, v1, c3, s3, False)
-        q = tl.reshape(tl.join(r0, r1), (QK_SPLIT, HT, SEG))
-        if DOT_BF16:  # the GPU's cast rounds to nearest even
-            q = q.to(tl.bfloat16)
-        else:  # the interpreter's cast truncates
-            q = bf16_round_tl(q)
-    else:
-        q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
-        q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
-        q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
-        q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
-        if DOT_BF16:  # the GPU's cast rounds to nearest even
-            q = q.to(tl.bfloat16)
-        else:  # the interpreter's cast truncates
-            q = bf16_round_tl(q)
+    q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
+    q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
+    q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
+    q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
+    if DOT_BF16:  # the GPU's cast rounds to nearest even
+        q = q.to(tl.bfloat16)
+    else:  # the interpreter's cast truncates
+        q = bf16_round_tl(q)
     if TRACE:
         _stamp_tl(stamps, 3, q.to(tl.float32))
 
@@ -715,7 +695,6 @@ def mega_attention(
         raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
                          f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
                          f"on {trace.device}")  # fmt: skip
-    qk_split = score_segments(head_tile_pairs(bucket_for(tokens), heads))
     alone = not interpreting() and attention_alone(tiles * splits, sm_count(device),
                                                    keys_per_split // KEY_BLOCK)  # fmt: skip
     launch_alone(
@@ -730,7 +709,7 @@ def mega_attention(
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
         PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
-        QK_SPLIT=qk_split, Q3D=qk_split > 1 and env_flag("DSV41_ATTN_Q3D", False),
+        QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
         **pdl_launch_options(pdl),
     )  # fmt: skip
