@@ -262,6 +262,21 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                     )  # fmt: skip
                     sms = int(torch.bincount(rows[:, 6]).gt(0).sum()) if len(rows) else 0
                     print(f"  {name:9s} {len(rows):4d} progs {sms:3d} SMs | {cells}")
+                # Each program's own intervals in its SM's cycles (%clock64 at the stamps, field
+                # f + CLOCK; q's raw load at Q_LOADED), p50 / p100 over the programs.
+                c = attn.CLOCK
+                steps = (("start", c), ("waited", c + 2), ("q loaded", attn.Q_LOADED),
+                         ("q ready", c + 3), ("scores", c + 7), ("loop done", c + 4),
+                         ("end", c + 5))  # fmt: skip
+                for name, rows in (("attention", t[t[:, 4] > 0]), ("combine", t[t[:, 4] == 0])):
+                    have = [(n, f) for n, f in steps if len(rows) and bool((rows[:, f] > 0).all())]
+                    cells = " | ".join(
+                        f"{a} -> {b} {q(d, .5):.0f} {q(d, 1):.0f}"
+                        for (a, f), (b, g) in itertools.pairwise(have)
+                        for d in [(rows[:, g] - rows[:, f]).double()]
+                    )  # fmt: skip
+                    if cells:
+                        print(f"  {name:9s} cycles, p50 / p100: {cells}")
                 # The attention programs that ended last: their row (tile * splits + split: the
                 # split itself at one head tile) and their stamps, to tell whether some splits
                 # (compressed or window keys) run late.

@@ -19,6 +19,15 @@ def globaltimer_tl(like):
 
 
 @triton.jit
+def clock64_tl(like):
+    """The SM's cycle counter (``%clock64``), one int64 per lane of the int32 ``like``: stamps of
+    one program (one SM) subtract to cycles, finer than ``%globaltimer``'s ticks."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %clock64;", "=l,r", [like], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def smid_tl(like):
     """The SM a program runs on (``%smid``), one int32 per lane of the int32 ``like``."""
     return tl.inline_asm_elementwise(

@@ -165,8 +165,8 @@ def test_attention_trace_stamps_every_program(layer, tokens):
     """A traced step (``mega_attention.trace_buffer``, what ``profile_step.py --attn-trace``
     reads): every attention program stamps start <= (early keys in <=) wait over <= q ready <=
     (early scores <=) loop done <= end, every combine program start <= wait over <= end, each on
-    an SM of the GPU, one row a program of both launches; the output equals the untraced
-    step's."""
+    an SM of the GPU, one row a program of both launches, and the same order on the SM's cycle
+    counter (with q's raw load after the wait); the output equals the untraced step's."""
     from dsv41.nvidia.ops import mega_attention as attn
     from dsv41.nvidia.ops.mx_gemm import sm_count
 
@@ -201,3 +201,12 @@ def test_attention_trace_stamps_every_program(layer, tokens):
     assert bool((comb[:, 0] <= comb[:, 2]).all() and (comb[:, 2] <= comb[:, 5]).all())
     assert bool((comb[:, 3:5] == 0).all() and (comb[:, 7] == 0).all())
     assert bool((t[:programs, 6] >= 0).all() and (t[:programs, 6] < sms).all())
+    # The same stamps on the SM's cycle counter (field f + CLOCK), q's raw load between the
+    # wait and a ready q; a program's counts rise in the order of its stamps.
+    c = attn.CLOCK
+    cycles = ((0, 1, 2, "q", 3, 7, 4, 5) if early else (0, 2, "q", 3, 4, 5))
+    fields = [attn.Q_LOADED if f == "q" else f + c for f in cycles]
+    assert bool((ours[:, fields] > 0).all())
+    for f, g in itertools.pairwise(fields):
+        assert bool((ours[:, f] <= ours[:, g]).all()), (f, g)
+    assert bool((comb[:, c] <= comb[:, c + 2]).all() and (comb[:, c + 2] <= comb[:, c + 5]).all())

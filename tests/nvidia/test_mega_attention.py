@@ -386,6 +386,34 @@ def test_record_prefetch_compiles_for_sm90(fmt):
     assert off["bulk"] == 0 and off["line"] == 0, off
 
 
+SM90_TRACE = r"""
+import json, re
+from sm90 import sm90_ptx
+from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
+consts = dict(H=16, G=8, KEYS=640, FMT=0, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
+              KEYS_PER_SPLIT=16, SPLITS=40, DOT_BF16=True, USE_PDL=True, EARLY=True,
+              ALIGNED=True, PREFETCH=False, SPLIT_PAD=16, QK_SPLIT=4, TRACE=True)
+kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
+         "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
+         "part_stat_ptr": "*fp32", "qk_scale": "fp32", "trace_ptr": "*i64"}
+ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
+after = ptx[ptx.find("griddepcontrol.wait"):]
+print(json.dumps({"timer": len(re.findall(r"%globaltimer", ptx)),
+                  "clock": len(re.findall(r"%clock64", ptx)),
+                  "clock_after_wait": len(re.findall(r"%clock64", after))}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
+def test_trace_reads_both_clocks_on_sm90():
+    """The traced attention program (``profile_step.py --attn-trace``), one early key block,
+    compiled for SM90 without a GPU: each of its 7 stamps reads %globaltimer and %clock64, and
+    q's raw load one more %clock64; 6 of the cycle counts come after the PDL wait (the wait,
+    q loaded, q ready, the scores, the loop, the end)."""
+    got = ptx_facts(SM90_TRACE)
+    assert got == {"timer": 7, "clock": 8, "clock_after_wait": 6}, got
+
+
 @pytest.mark.parametrize("segments", [1, 2, 8])
 def test_score_dot_in_segments_matches_the_reference(segments, monkeypatch) -> None:
     """The score dot cut into segments of the 512 dims (``DSV41_ATTN_QK_SPLIT``; by default 4 up

@@ -47,7 +47,7 @@ from dsv41.common.kv_records_tl import fmt_id, load_records_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
-from dsv41.common.timer_tl import globaltimer_tl, smid_tl
+from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import (
@@ -133,18 +133,32 @@ _LN2 = tl.constexpr(math.log(2.0))
 # stamps %globaltimer (ns) into its row. Attention: start, its early keys in registers (0 where
 # not EARLY), PDL wait over, q RoPE'd, its loop done, end, SM, and an early block's scores (0
 # where not EARLY); the combine, in the rows after attention's: start, 0, wait over, 0, 0, end,
-# SM. A stamp after data takes an operand computed from that data, so it is not taken before
-# the data arrives (a reduction each: the trace perturbs what it measures a little).
-TRACE_FIELDS = 8
+# SM. Field f + CLOCK (f != 6) holds the SM's %clock64 at stamp f, so a program's intervals
+# come in cycles (the global timer ticks in 0.256 us on the H200), and attention's field 14 the
+# cycles when q's raw load arrived. A stamp after data takes an operand computed from that data,
+# so it is not taken before the data arrives (a reduction each: the trace perturbs what it
+# measures a little).
+CLOCK = 8
+Q_LOADED = 14
+TRACE_FIELDS = 16
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
+_CLOCK = tl.constexpr(CLOCK)
+_Q_LOADED = tl.constexpr(Q_LOADED)
 trace_buffer: torch.Tensor | None = None
 
 
 @triton.jit
+def _stamp_now_tl(at, field: tl.constexpr, like):
+    """%globaltimer into ``at[field]`` and %clock64 into ``at[field + CLOCK]``, taken after the
+    int32 scalar ``like`` is."""
+    tl.store(at + field, globaltimer_tl(like))
+    tl.store(at + field + _CLOCK, clock64_tl(like))
+
+
+@triton.jit
 def _stamp_tl(at, field: tl.constexpr, data):
-    """%globaltimer into ``at[field]`` once the fp32 tensor ``data`` is computed."""
-    arrived = tl.sum(tl.reshape(data, (data.numel,)), axis=0).to(tl.int32)
-    tl.store(at + field, globaltimer_tl(arrived))
+    """``_stamp_now_tl`` once the fp32 tensor ``data`` is computed."""
+    _stamp_now_tl(at, field, tl.sum(tl.reshape(data, (data.numel,)), axis=0).to(tl.int32))
 
 
 @triton.jit
@@ -288,7 +302,7 @@ def mega_attention_kernel(
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
-        tl.store(stamps, globaltimer_tl(tl.program_id(0)))
+        _stamp_now_tl(stamps, 0, tl.program_id(0))
         tl.store(stamps + 1, 0)
     TILES: tl.constexpr = (H + HT - 1) // HT
     pid = tl.program_id(0)
@@ -314,7 +328,7 @@ def mega_attention_kernel(
             k_early = k_early.to(tl.bfloat16)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
-        tl.store(stamps + 2, globaltimer_tl(pid))
+        _stamp_now_tl(stamps, 2, pid)
     if PREFETCH:
         tl.static_assert(ALIGNED and not EARLY, "a bulk prefetch takes 16-B aligned rows")
         ahead = record_row_ptrs_tl(table_ptr + token.to(tl.int64) * KEYS, split * KEYS_PER_SPLIT,
@@ -326,6 +340,8 @@ def mega_attention_kernel(
     q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
     q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
     q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
+    if TRACE:  # the cycles when q's raw load arrived
+        tl.store(stamps + _Q_LOADED, clock64_tl(tl.sum(tl.reshape(q, (q.numel,)), 0).to(tl.int32)))
     q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
     if DOT_BF16:  # the GPU's cast rounds to nearest even
         q = q.to(tl.bfloat16)
@@ -366,7 +382,7 @@ def mega_attention_kernel(
         tl.store(part_stat_ptr + at * (2 * HT) + hh, m_i)
         tl.store(part_stat_ptr + at * (2 * HT) + HT + hh, l_i)
     if TRACE:
-        tl.store(stamps + 5, globaltimer_tl(pid))
+        _stamp_now_tl(stamps, 5, pid)
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
@@ -441,7 +457,7 @@ def mega_attention_combine_kernel(
     if TRACE:
         row = (pid * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
         stamps = trace_ptr + row.to(tl.int64) * _TRACE_FIELDS
-        tl.store(stamps, globaltimer_tl(pid))
+        _stamp_now_tl(stamps, 0, pid)
     d0 = tl.program_id(1) * W
     token = pid // TILES
     hh = tl.program_id(2) * CH + tl.arange(0, CH)  # heads of the tile
@@ -454,7 +470,7 @@ def mega_attention_combine_kernel(
     c, s = _rope_angles_tl(d0, pos, max_pos, cos_ptr, sin_ptr, W)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
-        tl.store(stamps + 2, globaltimer_tl(pid))
+        _stamp_now_tl(stamps, 2, pid)
     if WIDE:  # every split's (max, sum) and o partial in one load each, all in flight at once
         acc, l_i, m_i = _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT, SPLITS, W,
                                          SPLIT_HEAD, SPLIT_TAIL)  # fmt: skip
@@ -478,7 +494,7 @@ def mega_attention_combine_kernel(
         W, HW,
     )  # fmt: skip
     if TRACE:
-        tl.store(stamps + 5, globaltimer_tl(pid))
+        _stamp_now_tl(stamps, 5, pid)
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
 
 
