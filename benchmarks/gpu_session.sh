@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -43,7 +43,7 @@
 # reverted: alone against not at tp 2, one and two tokens; the tables); s22f: call 6 (attention
 # launched twice with PDL off, DSV41_ATTN_TWICE: its second launch's trace; removed after it,
 # code in bd4e60b); s22g: call 7 (q read straight into the score dot's segments, DSV41_ATTN_Q3D;
-# removed after it, code in 5d98b97).
+# removed after it, code in 5d98b97). s23: prepared for session 23 (the trace's cycle counts).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1221,6 +1221,19 @@ if [ "$what" = s22g ]; then
   # Session 22, call 7 (about 3 minutes): tp 4, one token, q read straight into the score
   # dot's segments (DSV41_ATTN_Q3D=1) against the default, three times.
   for r in 1 2 3; do ab DSV41_ATTN_Q3D "0 1" --backend nvidia --tp 4 --tokens 1; done
+fi
+if [ "$what" = s23 ]; then
+  # Prepared for session 23 (about 2 minutes): the GPU trace tests (the stamps' order on both
+  # clocks), then the one-token trace at tp 4 with each program's intervals in cycles, by
+  # default and with PDL off.
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_nvidia_step_gpu.py \
+    -k trace --timeout 90 2>&1 | tail -3
+  for sets in "" DSV41_PDL=0; do
+    echo "trace: ${sets:-default}"
+    (if [ -n "$sets" ]; then export $sets; fi
+     timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 \
+       | grep -A5 "attention and combine programs")
+  done
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
