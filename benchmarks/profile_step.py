@@ -248,10 +248,9 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                       "stamp")
                 names = ("start", "keys in", "waited", "q ready", "loop done", "end", "SM",
                          "scores")  # fmt: skip
-                for name, rows, fields in (
-                    ("attention", t[t[:, 4] > 0], (0, 1, 2, 3, 7, 4, 5)),
-                    ("combine", t[t[:, 4] == 0], (0, 2, 5)),
-                ):  # fmt: skip
+                launches = {"attention": t[t[:, 4] > 0], "combine": t[t[:, 4] == 0]}
+                for (name, rows), fields in zip(launches.items(),
+                                                ((0, 1, 2, 3, 7, 4, 5), (0, 2, 5))):  # fmt: skip
                     if not len(rows):  # a launch the step did not make
                         print(f"  {name:9s} not launched")
                         continue
@@ -268,7 +267,7 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                 steps = (("start", c), ("waited", c + 2), ("q loaded", attn.Q_LOADED),
                          ("q ready", c + 3), ("scores", c + 7), ("loop done", c + 4),
                          ("end", c + 5))  # fmt: skip
-                for name, rows in (("attention", t[t[:, 4] > 0]), ("combine", t[t[:, 4] == 0])):
+                for name, rows in launches.items():
                     have = [(n, f) for n, f in steps if len(rows) and bool((rows[:, f] > 0).all())]
                     cells = " | ".join(
                         f"{a} -> {b} {q(d, .5):.0f} {q(d, 1):.0f}"

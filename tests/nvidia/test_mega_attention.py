@@ -350,18 +350,24 @@ def test_record_prefetch_switch(monkeypatch) -> None:
         prefetch_records()
 
 
-SM90_PREFETCH = r"""
+# The attention kernel compiled for SM90 in a script (``ptx_facts``): the real geometry's
+# constexprs, a script's own in ``over``, and the arguments' types.
+SM90_ATTENTION = r"""
 import json, re, sys
 from sm90 import sm90_ptx
 from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
-fmt, prefetch = int(sys.argv[1]), sys.argv[2] == "1"
-consts = dict(H=16, G=8, KEYS=640, FMT=fmt, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
-              KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
-              ALIGNED=True, PREFETCH=prefetch, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
-kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
-         "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
-         "part_stat_ptr": "*fp32", "qk_scale": "fp32"}
-ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
+def attention_ptx(**over):
+    consts = dict(H=16, G=8, KEYS=640, FMT=0, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
+                  KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
+                  ALIGNED=True, PREFETCH=False, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
+    kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
+             "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
+             "part_stat_ptr": "*fp32", "qk_scale": "fp32", "trace_ptr": "*i64"}
+    return sm90_ptx(fn, {**consts, **over}, kinds, num_warps=4)
+"""
+
+SM90_PREFETCH = SM90_ATTENTION + r"""
+ptx = attention_ptx(FMT=int(sys.argv[1]), PREFETCH=sys.argv[2] == "1")
 first_record = ptx.find("ld.global.v4")
 print(json.dumps({
     "bulk": len(re.findall(r"@p cp\.async\.bulk\.prefetch\.L2\.global \[%rd\d+\], (\d+)", ptx)),
@@ -386,17 +392,9 @@ def test_record_prefetch_compiles_for_sm90(fmt):
     assert off["bulk"] == 0 and off["line"] == 0, off
 
 
-SM90_TRACE = r"""
-import json, re
-from sm90 import sm90_ptx
-from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
-consts = dict(H=16, G=8, KEYS=640, FMT=0, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
-              KEYS_PER_SPLIT=16, SPLITS=40, DOT_BF16=True, USE_PDL=True, EARLY=True,
-              ALIGNED=True, PREFETCH=False, SPLIT_PAD=16, QK_SPLIT=4, TRACE=True)
-kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
-         "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
-         "part_stat_ptr": "*fp32", "qk_scale": "fp32", "trace_ptr": "*i64"}
-ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
+SM90_TRACE = SM90_ATTENTION + r"""
+ptx = attention_ptx(KEYS_PER_SPLIT=16, SPLITS=40, USE_PDL=True, EARLY=True, SPLIT_PAD=16,
+                    TRACE=True)
 after = ptx[ptx.find("griddepcontrol.wait"):]
 print(json.dumps({"timer": len(re.findall(r"%globaltimer", ptx)),
                   "clock": len(re.findall(r"%clock64", ptx)),

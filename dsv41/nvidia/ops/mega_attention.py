@@ -156,9 +156,16 @@ def _stamp_now_tl(at, field: tl.constexpr, like):
 
 
 @triton.jit
+def _arrived_tl(data):
+    """An int32 scalar computed from every element of the fp32 tensor ``data``: a stamp that
+    takes it is not taken before ``data`` is."""
+    return tl.sum(tl.reshape(data, (data.numel,)), axis=0).to(tl.int32)
+
+
+@triton.jit
 def _stamp_tl(at, field: tl.constexpr, data):
     """``_stamp_now_tl`` once the fp32 tensor ``data`` is computed."""
-    _stamp_now_tl(at, field, tl.sum(tl.reshape(data, (data.numel,)), axis=0).to(tl.int32))
+    _stamp_now_tl(at, field, _arrived_tl(data))
 
 
 @triton.jit
@@ -341,7 +348,7 @@ def mega_attention_kernel(
     q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
     q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
     if TRACE:  # the cycles when q's raw load arrived
-        tl.store(stamps + _Q_LOADED, clock64_tl(tl.sum(tl.reshape(q, (q.numel,)), 0).to(tl.int32)))
+        tl.store(stamps + _Q_LOADED, clock64_tl(_arrived_tl(q)))
     q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
     if DOT_BF16:  # the GPU's cast rounds to nearest even
         q = q.to(tl.bfloat16)
