@@ -1232,7 +1232,16 @@ if [ "$what" = s23 ]; then
     echo "trace: ${sets:-default}"
     (if [ -n "$sets" ]; then export $sets; fi
      timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 \
-       | grep -A5 "attention and combine programs")
+       | tee "$OUT/trace-${sets:-default}.txt" | grep -A5 "attention and combine programs")
+  done
+  # One-token GEMV programs of 4 or 2 warps (DSV41_GEMV_WARPS: more weight bytes a thread, so
+  # fewer instructions a program past the wait) against 8, three rounds at tp 4, one at tp 2.
+  for r in 1 2 3; do ab DSV41_GEMV_WARPS "8 4 2" --backend nvidia --tp 4 --tokens 1; done
+  ab DSV41_GEMV_WARPS "8 4 2" --backend nvidia --tp 2 --tokens 1
+  for w in 4; do
+    echo "gemv trace: DSV41_GEMV_WARPS=$w"
+    DSV41_GEMV_WARPS=$w timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
+      --gemv-trace 2>&1 | tee "$OUT/gemv-trace-$w.txt" | tail -8
   done
 fi
 if [ "$what" = s19d ]; then

@@ -645,6 +645,8 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     while n_per_group % block_n:
         block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
+    if m == 1:  # experiment (session 23): the warps of a one-token program
+        warps = env_int("DSV41_GEMV_WARPS", warps, lambda v: v in (2, 4, 8), "2, 4 or 8")
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps, k_tail=k_tail)  # fmt: skip
 
