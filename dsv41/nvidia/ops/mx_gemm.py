@@ -620,6 +620,19 @@ def _head_tail(k: int) -> tuple[int, int]:
     return head, tail
 
 
+def _gemv_warps(k: int, warps: int) -> int:
+    """Experiment (session 23): ``DSV41_GEMV_WARPS`` as W (every site) or ``K=W,K=W`` (the
+    sites of those K) overrides a one-token program's warps."""
+    raw = os.environ.get("DSV41_GEMV_WARPS")
+    if not raw:
+        return warps
+    pairs = dict(p.split("=") for p in raw.split(",")) if "=" in raw else {str(k): raw}
+    chosen = int(pairs.get(str(k), warps))
+    if chosen not in (2, 4, 8, 16):
+        raise ValueError(f"DSV41_GEMV_WARPS: expected 2, 4, 8 or 16 warps, got {raw!r}")
+    return chosen
+
+
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
     """Whole rows where they fit ``gemv_tile()`` bytes (at one token ``gemv_tail_tile()``
     bytes, unless that is 0) with no split-K sum in <= ``gemv_max_steps()`` unrolled K steps;
@@ -646,7 +659,7 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
         block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
     if m == 1:  # experiment (session 23): the warps of a one-token program
-        warps = env_int("DSV41_GEMV_WARPS", warps, lambda v: v in (2, 4, 8), "2, 4 or 8")
+        warps = _gemv_warps(k, warps)
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps, k_tail=k_tail)  # fmt: skip
 
