@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -45,7 +45,8 @@
 # code in bd4e60b); s22g: call 7 (q read straight into the score dot's segments, DSV41_ATTN_Q3D;
 # removed after it, code in 5d98b97). s23: session 23's call 1 (the trace's cycle counts;
 # one-token GEMV warps 8 / 4 / 2);
-# s23b: call 2 (one-token GEMV programs of 16 warps).
+# s23b: call 2 (one-token GEMV programs of 16 warps); s23c: call 3 (inputs' lines asked of the
+# L2 before the PDL wait, DSV41_TOUCH).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1259,6 +1260,17 @@ if [ "$what" = s23b ]; then
     --gemv-trace 2>&1 | tail -12
   DSV41_GEMV_WARPS=16 timeout 150 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
+fi
+if [ "$what" = s23c ]; then
+  # Session 23, call 3 (about 4 minutes): every one-token program asks the L2 for its input's
+  # lines before its PDL wait (DSV41_TOUCH=1: attention q's, the GEMVs' activation; their
+  # address translation then done before the wait) against not: three rounds at tp 4, M = 1,
+  # one at tp 2 and at M = 2; the trace with it (attention's wait -> q loaded cycles).
+  for r in 1 2 3; do ab DSV41_TOUCH "0 1" --backend nvidia --tp 4 --tokens 1; done
+  ab DSV41_TOUCH "0 1" --backend nvidia --tp 2 --tokens 1
+  ab DSV41_TOUCH "0 1" --backend nvidia --tp 4 --tokens 2
+  DSV41_TOUCH=1 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
+    --attn-trace 2>&1 | tail -22
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before

@@ -62,7 +62,13 @@ from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
-from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
+from dsv41.nvidia.ops.pdl import (
+    pdl_enabled,
+    pdl_launch_options,
+    pdl_prologue_tl,
+    touch_inputs,
+    touch_lines_tl,
+)
 from dsv41.nvidia.ops.record_prefetch import RecordsAhead, prefetch_share_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
@@ -345,6 +351,7 @@ def mx_gemm_kernel(
     RP_FMT: tl.constexpr = 0,
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
+    TOUCH: tl.constexpr = 0,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -378,6 +385,12 @@ def mx_gemm_kernel(
         prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slots,
                           rp_comp_slots, RP_PER, RP_PAD, RP_TOTAL, RP_FMT, RP_WIN_BLOCK,
                           RP_COMP_BLOCK)  # fmt: skip
+    if TOUCH > 0:  # experiment: the activation's lines (TOUCH) asked of the L2 before the wait
+        ELEM: tl.constexpr = 1 if A_MODE == A_MX else 2
+        a_row = a_ptr + tl.minimum(pid_m, M - 1) * stride_am + pid_k * K_SPLIT
+        if A_MODE == A_MX:
+            a_row += group * K
+        touch_lines_tl(a_row.to(tl.int64), K_SPLIT * ELEM, TOUCH)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
@@ -695,6 +708,15 @@ def gemm_config(
     return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2)
 
 
+def _touch_lines(cfg: GemmConfig, k: int, mode: int) -> int:
+    """Experiment: the 128-B lines of a one-token program's activation (a power of two), 0
+    where the program takes several token rows or K steps."""
+    if not (cfg.gemv and cfg.block_m == 1 and cfg.k_steps == 1):
+        return 0
+    elem = 1 if mode == A_MX else 2
+    return triton.next_power_of_2(-(-(k // cfg.split_k) * elem // 128))
+
+
 class Scratch:
     """Split-K scratch of one device: fp32 partials and self-resetting tickets, grown on demand.
 
@@ -938,6 +960,7 @@ def mx_gemm(
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
+        TOUCH=_touch_lines(cfg, k, mode) if pdl and touch_inputs() else 0,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and not interpreting() else {}),
         **pdl_launch_options(pdl),
