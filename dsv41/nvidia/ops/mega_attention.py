@@ -49,13 +49,7 @@ from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
-from dsv41.nvidia.ops.pdl import (
-    pdl_enabled,
-    pdl_launch_options,
-    pdl_prologue_tl,
-    touch_inputs,
-    touch_lines_tl,
-)
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import (
     prefetch_records_tl,
     record_ptrs_tl,
@@ -303,7 +297,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, TOUCH: tl.constexpr = 0,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -339,8 +333,6 @@ def mega_attention_kernel(
             _stamp_tl(stamps, 1, k_early)
         if DOT_BF16:  # the dot's bf16 keys made before the wait too (exact, as in _key_step_tl)
             k_early = k_early.to(tl.bfloat16)
-    if TOUCH > 0:  # experiment: q's lines (TOUCH) asked of the L2 before the wait
-        touch_lines_tl((q_ptr + token * (H * _HEAD_DIM)).to(tl.int64), H * _HEAD_DIM * 2, TOUCH)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         _stamp_now_tl(stamps, 2, pid)
@@ -742,7 +734,6 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        TOUCH=triton.next_power_of_2(heads * HEAD_DIM * 2 // 128) if pdl and touch_inputs() else 0,
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:

@@ -62,13 +62,7 @@ from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
-from dsv41.nvidia.ops.pdl import (
-    pdl_enabled,
-    pdl_launch_options,
-    pdl_prologue_tl,
-    touch_inputs,
-    touch_lines_tl,
-)
+from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import RecordsAhead, prefetch_share_tl
 
 A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
@@ -351,7 +345,6 @@ def mx_gemm_kernel(
     RP_FMT: tl.constexpr = 0,
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
-    TOUCH: tl.constexpr = 0,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -385,12 +378,6 @@ def mx_gemm_kernel(
         prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slots,
                           rp_comp_slots, RP_PER, RP_PAD, RP_TOTAL, RP_FMT, RP_WIN_BLOCK,
                           RP_COMP_BLOCK)  # fmt: skip
-    if TOUCH > 0:  # experiment: the activation's lines (TOUCH) asked of the L2 before the wait
-        ELEM: tl.constexpr = 1 if A_MODE == A_MX else 2
-        a_row = a_ptr + tl.minimum(pid_m, M - 1) * stride_am + pid_k * K_SPLIT
-        if A_MODE == A_MX:
-            a_row += group * K
-        touch_lines_tl(a_row.to(tl.int64), K_SPLIT * ELEM, TOUCH)
     pdl_prologue_tl(USE_PDL)
     if TRACE:
         t_waited = globaltimer_tl(pid_n)
@@ -633,19 +620,6 @@ def _head_tail(k: int) -> tuple[int, int]:
     return head, tail
 
 
-def _gemv_warps(k: int, warps: int) -> int:
-    """Experiment (session 23): ``DSV41_GEMV_WARPS`` as W (every site) or ``K=W,K=W`` (the
-    sites of those K) overrides a one-token program's warps."""
-    raw = os.environ.get("DSV41_GEMV_WARPS")
-    if not raw:
-        return warps
-    pairs = dict(p.split("=") for p in raw.split(",")) if "=" in raw else {str(k): raw}
-    chosen = int(pairs.get(str(k), warps))
-    if chosen not in (2, 4, 8, 16):
-        raise ValueError(f"DSV41_GEMV_WARPS: expected 2, 4, 8 or 16 warps, got {raw!r}")
-    return chosen
-
-
 def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
     """Whole rows where they fit ``gemv_tile()`` bytes (at one token ``gemv_tail_tile()``
     bytes, unless that is 0) with no split-K sum in <= ``gemv_max_steps()`` unrolled K steps;
@@ -671,8 +645,6 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
     while n_per_group % block_n:
         block_n //= 2
     warps = 8 if block_n * block_k > GEMV_WIDE_STEP else 4
-    if m == 1:  # experiment (session 23): the warps of a one-token program
-        warps = _gemv_warps(k, warps)
     return GemmConfig(triton.next_power_of_2(m), block_n, block_k, split_k, num_warps=warps,
                       num_stages=1, gemv=True, k_steps=k_steps, k_tail=k_tail)  # fmt: skip
 
@@ -706,15 +678,6 @@ def gemm_config(
             break
     # A program runs few K steps: 2 stages and 4 warps beat 4 / 8 at M = 1 and 48 (H200 sweep).
     return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2)
-
-
-def _touch_lines(cfg: GemmConfig, k: int, mode: int) -> int:
-    """Experiment: the 128-B lines of a one-token program's activation (a power of two), 0
-    where the program takes several token rows or K steps."""
-    if not (cfg.gemv and cfg.block_m == 1 and cfg.k_steps == 1):
-        return 0
-    elem = 1 if mode == A_MX else 2
-    return triton.next_power_of_2(-(-(k // cfg.split_k) * elem // 128))
 
 
 class Scratch:
@@ -960,7 +923,6 @@ def mx_gemm(
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
-        TOUCH=_touch_lines(cfg, k, mode) if pdl and touch_inputs() else 0,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and not interpreting() else {}),
         **pdl_launch_options(pdl),

@@ -57,27 +57,3 @@ def pdl_prologue_tl(USE_PDL: tl.constexpr):
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()
-
-
-def touch_inputs() -> bool:
-    """Experiment (session 23, ``DSV41_TOUCH=1``): before its PDL wait a program asks the L2 for
-    the lines of the input its predecessor is writing, so their address translation is done
-    before the wait."""
-    return bool(env_flag("DSV41_TOUCH", False))
-
-
-# A predicated L2 prefetch of one line: no data reaches registers, and the L2 is where the
-# predecessor's writes land, so a line still being written is harmless to ask for.
-_TOUCH_LINE = tl.constexpr("{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; "
-                           "mov.b32 $0, 0; }")
-
-
-@triton.jit
-def touch_lines_tl(base, nbytes, LINES: tl.constexpr):
-    """Ask the L2 for the 128-B lines of ``nbytes`` bytes from the address ``base`` (int64), at
-    most ``LINES`` (a power of two) of them (GPU only: inline PTX)."""
-    line = tl.arange(0, LINES)
-    tl.inline_asm_elementwise(
-        _TOUCH_LINE, "=r,l,r", [base + line.to(tl.int64) * 128, (line * 128 < nbytes).to(tl.int32)],
-        dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
