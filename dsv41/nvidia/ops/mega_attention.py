@@ -140,10 +140,14 @@ _LN2 = tl.constexpr(math.log(2.0))
 # measures a little).
 CLOCK = 8
 Q_LOADED = 14
-TRACE_FIELDS = 16
+Q_RELOADED = 16  # experiment: q read again (L2) after its first read arrived, and the key
+T_RELOADED = 17  # table's first block (in the L2 since the early keys' read) after that
+TRACE_FIELDS = 20
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 _CLOCK = tl.constexpr(CLOCK)
 _Q_LOADED = tl.constexpr(Q_LOADED)
+_Q_RELOADED = tl.constexpr(Q_RELOADED)
+_T_RELOADED = tl.constexpr(T_RELOADED)
 trace_buffer: torch.Tensor | None = None
 
 
@@ -349,6 +353,13 @@ def mega_attention_kernel(
     q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
     if TRACE:  # the cycles when q's raw load arrived
         tl.store(stamps + _Q_LOADED, clock64_tl(_arrived_tl(q)))
+        q2 = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0,
+                     volatile=True)  # fmt: skip
+        tl.store(stamps + _Q_RELOADED, clock64_tl(_arrived_tl(q2.to(tl.float32))))
+        kt = tl.arange(0, BK)
+        t2 = tl.load(table_ptr + token.to(tl.int64) * KEYS + kt, mask=kt < KEYS, other=0,
+                     volatile=True)  # fmt: skip
+        tl.store(stamps + _T_RELOADED, clock64_tl(_arrived_tl(t2.to(tl.float32))))
     q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
     if DOT_BF16:  # the GPU's cast rounds to nearest even
         q = q.to(tl.bfloat16)
