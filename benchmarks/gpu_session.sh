@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -46,7 +46,8 @@
 # removed after it, code in 5d98b97). s23: session 23's call 1 (the trace's cycle counts;
 # one-token GEMV warps 8 / 4 / 2);
 # s23b: call 2 (one-token GEMV programs of 16 warps); s23c: call 3 (inputs' lines asked of the
-# L2 before the PDL wait, DSV41_TOUCH); s23d: call 4 (q and the key table read again, traced).
+# L2 before the PDL wait, DSV41_TOUCH); s23d: call 4 (q and the key table read again, traced);
+# s23e: call 5 (activations written to copies, DSV41_COPIES).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1282,6 +1283,18 @@ if [ "$what" = s23d ]; then
      timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 --attn-trace 2>&1 \
        | grep -A5 "attention and combine programs")
   done
+fi
+if [ "$what" = s23e ]; then
+  # Session 23, call 5 (about 6 minutes): a one-token step writes qkv, q and z to N copies
+  # (DSV41_COPIES=N), each read by a share of the next launch's programs, so hundreds of
+  # programs do not all ask the same L2 lines for the same activation: N = 1 / 4 / 8 / 16 twice
+  # at tp 4, 1 / 8 at tp 2; the trace with 8; the step tests with 8.
+  for r in 1 2; do ab DSV41_COPIES "1 4 8 16" --backend nvidia --tp 4 --tokens 1; done
+  ab DSV41_COPIES "1 8" --backend nvidia --tp 2 --tokens 1
+  DSV41_COPIES=8 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
+    --attn-trace 2>&1 | tail -22
+  DSV41_COPIES=8 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before

@@ -265,7 +265,6 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: 
                 # f + CLOCK; q's raw load at Q_LOADED), p50 / p100 over the programs.
                 c = attn.CLOCK
                 steps = (("start", c), ("waited", c + 2), ("q loaded", attn.Q_LOADED),
-                         ("q again", attn.Q_RELOADED), ("table again", attn.T_RELOADED),
                          ("q ready", c + 3), ("scores", c + 7), ("loop done", c + 4),
                          ("end", c + 5))  # fmt: skip
                 for name, rows in launches.items():

@@ -48,7 +48,7 @@ from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quanti
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
-from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
+from dsv41.nvidia.ops.mx_gemm import bucket_for, check_copies, interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import (
     prefetch_records_tl,
@@ -140,14 +140,10 @@ _LN2 = tl.constexpr(math.log(2.0))
 # measures a little).
 CLOCK = 8
 Q_LOADED = 14
-Q_RELOADED = 16  # experiment: q read again (L2) after its first read arrived, and the key
-T_RELOADED = 17  # table's first block (in the L2 since the early keys' read) after that
-TRACE_FIELDS = 20
+TRACE_FIELDS = 16
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 _CLOCK = tl.constexpr(CLOCK)
 _Q_LOADED = tl.constexpr(Q_LOADED)
-_Q_RELOADED = tl.constexpr(Q_RELOADED)
-_T_RELOADED = tl.constexpr(T_RELOADED)
 trace_buffer: torch.Tensor | None = None
 
 
@@ -295,13 +291,13 @@ def _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT: tl.constexpr,
 def mega_attention_kernel(
     q_ptr, pos_ptr, table_ptr, win_ptr, comp_ptr, sink_ptr, cos_ptr, sin_ptr,
     xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
-    window_slots, compressed_slots, max_pos, qk_scale,
+    window_slots, compressed_slots, max_pos, qk_scale, q_copy_stride,
     H: tl.constexpr, G: tl.constexpr, KEYS: tl.constexpr, FMT: tl.constexpr,
     WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False, Q_COPIES: tl.constexpr = 1,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -322,6 +318,8 @@ def mega_attention_kernel(
     heads = (pid % TILES) * HT + tl.arange(0, HT)
     head_ok = heads < H
     d = tl.arange(0, _HEAD_DIM)
+    if Q_COPIES > 1:  # q in copies: each program reads one, not all the same lines
+        q_ptr += ((pid * SPLITS + split) % Q_COPIES).to(tl.int64) * q_copy_stride
     # Before the PDL wait, what no step kernel writes: the position, its RoPE angles (q's, and
     # o's in the one-split epilogue) and the sink logits (used by that epilogue only).
     pos = tl.load(pos_ptr + token).to(tl.int64)
@@ -353,13 +351,6 @@ def mega_attention_kernel(
     q = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0).to(tl.float32)
     if TRACE:  # the cycles when q's raw load arrived
         tl.store(stamps + _Q_LOADED, clock64_tl(_arrived_tl(q)))
-        q2 = tl.load(q_ptr + q_at, mask=head_ok[:, None], other=0.0,
-                     volatile=True)  # fmt: skip
-        tl.store(stamps + _Q_RELOADED, clock64_tl(_arrived_tl(q2.to(tl.float32))))
-        kt = tl.arange(0, BK)
-        t2 = tl.load(table_ptr + token.to(tl.int64) * KEYS + kt, mask=kt < KEYS, other=0,
-                     volatile=True)  # fmt: skip
-        tl.store(stamps + _T_RELOADED, clock64_tl(_arrived_tl(t2.to(tl.float32))))
     q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
     if DOT_BF16:  # the GPU's cast rounds to nearest even
         q = q.to(tl.bfloat16)
@@ -633,6 +624,7 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
+    q_copies: tuple[int, int] = (1, 0),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -653,6 +645,9 @@ def mega_attention(
       caches (the caller ordered the record insert before it with a full stream dependency);
       by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
       PDL wait (``early_keys``).
+    - ``q_copies``: ``(count, stride)``: ``q_fused`` and ``count - 1`` more copies of it, each
+      ``stride`` elements past the one before (``mx_gemm.copies_of``); the programs read them in
+      turn, so the L2 lines of q are not all asked for by every program.
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -668,6 +663,7 @@ def mega_attention(
     tokens, heads = q_fused.shape[0], q_fused.shape[1] // HEAD_DIM
     device = q_fused.device
     _check("q_fused", q_fused, (torch.bfloat16,), (tokens, heads * HEAD_DIM))
+    check_copies("q_copies", q_fused, q_copies)
     _check("positions", positions, (torch.int32, torch.int64), (tokens,))
     if key_table.dim() != 2:
         raise ValueError(
@@ -736,7 +732,7 @@ def mega_attention(
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
         window_cache.num_slots, 0 if compressed_cache is None else compressed_cache.num_slots,
-        cos.shape[0], softmax_scale * LOG2_E,
+        cos.shape[0], softmax_scale * LOG2_E, q_copies[1],
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
@@ -745,7 +741,7 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        **pdl_launch_options(pdl),
+        Q_COPIES=q_copies[0], **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
