@@ -33,14 +33,13 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import check_step_inputs
-from dsv41.common.switches import env_flag, env_int
+from dsv41.common.switches import env_flag
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
 from dsv41.nvidia.ops.mx_gemm import (
     NormInput,
     Scratch,
     bucket_for,
-    copies_of,
     gemm_config,
     mx_gemm,
     scratch_for,
@@ -78,46 +77,31 @@ class StepBuffers:
         torch.Tensor, torch.Tensor
     ]  # e4m3 [rows, groups*o_rank], uint8 [rows, groups*o_rank/32]
     y: torch.Tensor  # bf16 [rows, hidden]
-    # (count, stride) of qkv, q and z: the copies each is written to (``step_copies``)
-    copies: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def allocate(cls, layer: LayerWeights, rows: int, device) -> StepBuffers:
         m, d = layer.dims.model, layer.dims
-        count = step_copies()
 
         def t(cols: int, dtype=torch.bfloat16) -> torch.Tensor:
             return torch.empty(rows, cols, dtype=dtype, device=device)
 
-        qkv, qkv_copies = copies_of(rows, m.qkv_rows, count, device)
-        q, q_copies = copies_of(rows, d.q_rows, count, device)
-        z, z_copies = copies_of(rows, d.o_rows, count, device)
         return cls(
-            qkv=qkv,
+            qkv=t(m.qkv_rows),
             kv=t(m.kv_dim),
             qr8=(t(m.q_rank, E4M3), t(m.q_rank // MX_BLOCK, torch.uint8)),
-            q=q,
-            z=z,
+            q=t(d.q_rows),
+            z=t(d.o_rows),
             z8=(t(d.o_rows, E4M3), t(d.o_rows // MX_BLOCK, torch.uint8)),
             y=t(m.hidden),
-            copies={"qkv": qkv_copies, "q": q_copies, "z": z_copies},
         )
 
     def rows(self, m: int) -> StepBuffers:
-        """Views of the first ``m`` rows of every buffer (the copies' strides stay)."""
+        """Views of the first ``m`` rows of every buffer."""
 
         def head(v):
-            if isinstance(v, dict):
-                return v
             return tuple(t[:m] for t in v) if isinstance(v, tuple) else v[:m]
 
         return StepBuffers(**{f.name: head(getattr(self, f.name)) for f in dataclasses.fields(self)})
-
-
-def step_copies() -> int:
-    """Experiment (session 23): the copies of qkv, q and z a step writes (``DSV41_COPIES``, 1 ..
-    16; 1 by default), so that the next launch's programs read them in turn."""
-    return env_int("DSV41_COPIES", 1, lambda v: 1 <= v <= 16, "1 .. 16")
 
 
 Z_CAST_IN_WOB = True  # DSV41_Z_CAST_IN_WOB overrides it
@@ -172,11 +156,7 @@ def launch_step(
     """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
-    one = x.shape[0] == 1  # the copies serve one-token steps only
-    no_copies = (1, 0)
-    copies = {k: v if one else no_copies for k, v in out.copies.items()}
-    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"],
-            out_copies=copies.get("qkv", no_copies))  # fmt: skip
+    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
 
     def norm(qr8, prefetch=None) -> None:
         norm_rope_insert(
@@ -203,14 +183,12 @@ def launch_step(
         if wq_b_prefetches():
             ahead = RecordsAhead(key_table, window_cache, compressed_cache)
         mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                records=ahead, a_copies=copies.get("qkv", no_copies),
-                out_copies=copies.get("q", no_copies))  # fmt: skip
+                records=ahead)  # fmt: skip
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
     else:
         norm(out.qr8)
-        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                out_copies=copies.get("q", no_copies))  # fmt: skip
+        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
     # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
     splits, _ = attention_splits(
         bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
@@ -228,14 +206,12 @@ def launch_step(
         heads_per_group=model.heads_per_group,
         splits=splits,
         records_ready=side is not None,  # the insert joined by an event, not a PDL edge
-        q_copies=copies.get("q", no_copies),
     )
     if z_cast_in_wo_b(layer, x.shape[0], x.device):
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"],
-                out_copies=copies.get("z", no_copies))  # fmt: skip
+                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
         mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,
-                scratch=scratch["wo_b"], a_copies=copies.get("z", no_copies))  # fmt: skip
+                scratch=scratch["wo_b"])  # fmt: skip
     else:
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
                 n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip

@@ -504,8 +504,8 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
           "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
-          "A_COPIES": 1, "OUT_COPIES": 1, "HW_E4M3": True, "RP_PER": 0, "RP_PAD": 1,
-          "RP_TOTAL": 0, "RP_FMT": 0, "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
+          "HW_E4M3": True, "RP_PER": 0, "RP_PAD": 1, "RP_TOTAL": 0, "RP_FMT": 0,
+          "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
 if sys.argv[2:] == ["records"]:  # 640 entries of fp8_ds_mla records over 512 programs
     consts.update(RP_PER=2, RP_PAD=2, RP_TOTAL=640)
 if consts["GEMV"]:

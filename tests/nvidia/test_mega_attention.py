@@ -359,7 +359,7 @@ from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
 def attention_ptx(**over):
     consts = dict(H=16, G=8, KEYS=640, FMT=0, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
                   KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
-                  ALIGNED=True, PREFETCH=False, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False, Q_COPIES=1)
+                  ALIGNED=True, PREFETCH=False, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
     kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
              "part_stat_ptr": "*fp32", "qk_scale": "fp32", "trace_ptr": "*i64"}

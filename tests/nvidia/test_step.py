@@ -175,11 +175,3 @@ def test_norm_in_wq_b_follows_the_cuda_core_loop_and_its_switch(layer, monkeypat
     monkeypatch.setenv("DSV41_NORM_IN_WQB", "off")
     with pytest.raises(ValueError, match="DSV41_NORM_IN_WQB: expected 0 or 1, got 'off'"):
         norm_in_wq_b(layer, 1, cpu)
-
-
-def test_one_token_step_with_copies(layer, monkeypatch):
-    """``DSV41_COPIES``: qkv, q and z written to several copies, each read by a share of the
-    next launch's programs; the seams as the reference's."""
-    monkeypatch.setenv("DSV41_COPIES", "3")
-    sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=23)
-    check_seams(layer, *run_both(layer, sc))

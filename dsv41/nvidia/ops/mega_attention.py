@@ -48,7 +48,7 @@ from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quanti
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
-from dsv41.nvidia.ops.mx_gemm import bucket_for, check_copies, interpreting, sm_count
+from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import (
     prefetch_records_tl,
@@ -291,13 +291,13 @@ def _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT: tl.constexpr,
 def mega_attention_kernel(
     q_ptr, pos_ptr, table_ptr, win_ptr, comp_ptr, sink_ptr, cos_ptr, sin_ptr,
     xo_ptr, codes_ptr, lse_ptr, part_o_ptr, part_stat_ptr,
-    window_slots, compressed_slots, max_pos, qk_scale, q_copy_stride,
+    window_slots, compressed_slots, max_pos, qk_scale,
     H: tl.constexpr, G: tl.constexpr, KEYS: tl.constexpr, FMT: tl.constexpr,
     WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, Q_COPIES: tl.constexpr = 1,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -318,8 +318,6 @@ def mega_attention_kernel(
     heads = (pid % TILES) * HT + tl.arange(0, HT)
     head_ok = heads < H
     d = tl.arange(0, _HEAD_DIM)
-    if Q_COPIES > 1:  # q in copies: each program reads one, not all the same lines
-        q_ptr += ((pid * SPLITS + split) % Q_COPIES).to(tl.int64) * q_copy_stride
     # Before the PDL wait, what no step kernel writes: the position, its RoPE angles (q's, and
     # o's in the one-split epilogue) and the sink logits (used by that epilogue only).
     pos = tl.load(pos_ptr + token).to(tl.int64)
@@ -624,7 +622,6 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
-    q_copies: tuple[int, int] = (1, 0),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -645,9 +642,6 @@ def mega_attention(
       caches (the caller ordered the record insert before it with a full stream dependency);
       by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
       PDL wait (``early_keys``).
-    - ``q_copies``: ``(count, stride)``: ``q_fused`` and ``count - 1`` more copies of it, each
-      ``stride`` elements past the one before (``mx_gemm.copies_of``); the programs read them in
-      turn, so the L2 lines of q are not all asked for by every program.
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -663,7 +657,6 @@ def mega_attention(
     tokens, heads = q_fused.shape[0], q_fused.shape[1] // HEAD_DIM
     device = q_fused.device
     _check("q_fused", q_fused, (torch.bfloat16,), (tokens, heads * HEAD_DIM))
-    check_copies("q_copies", q_fused, q_copies)
     _check("positions", positions, (torch.int32, torch.int64), (tokens,))
     if key_table.dim() != 2:
         raise ValueError(
@@ -732,7 +725,7 @@ def mega_attention(
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
         window_cache.num_slots, 0 if compressed_cache is None else compressed_cache.num_slots,
-        cos.shape[0], softmax_scale * LOG2_E, q_copies[1],
+        cos.shape[0], softmax_scale * LOG2_E,
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
@@ -741,7 +734,7 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        Q_COPIES=q_copies[0], **pdl_launch_options(pdl),
+        **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)

@@ -312,8 +312,6 @@ def mx_gemm_kernel(
     stride_om,
     stride_o8m,
     stride_o8cm,
-    a_copy_stride,
-    out_copy_stride,
     N: tl.constexpr,
     K: tl.constexpr,
     N_PER_GROUP: tl.constexpr,
@@ -347,8 +345,6 @@ def mx_gemm_kernel(
     RP_FMT: tl.constexpr = 0,
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
-    A_COPIES: tl.constexpr = 1,
-    OUT_COPIES: tl.constexpr = 1,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -365,9 +361,6 @@ def mx_gemm_kernel(
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < N
     n64 = n.to(tl.int64)
-    if A_COPIES > 1:  # the activation in copies: each program reads one, not all the same lines
-        flat = (pid_m * SPLIT_K + pid_k) * tl.num_programs(0) + pid_n
-        a_ptr += (flat % A_COPIES).to(tl.int64) * a_copy_stride
     if TRACE:
         t_start = globaltimer_tl(pid_n)
     if GEMV:  # the first weight tile is loaded before the PDL wait: no step writes weights
@@ -510,9 +503,7 @@ def mx_gemm_kernel(
             tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed", scope="gpu")
     if last:
         out = bf16_rn_tl(acc, HW_E4M3)
-        for c in tl.static_range(OUT_COPIES):  # each copy read by a share of the next programs
-            tl.store(out_ptr + c * out_copy_stride + rows[:, None] * stride_om + n[None, :],
-                     out.to(tl.bfloat16), mask=out_ok)  # fmt: skip
+        tl.store(out_ptr + rows[:, None] * stride_om + n[None, :], out.to(tl.bfloat16), mask=out_ok)
         if QUANT_OUT:
             v, c = mx_quantize_tl(out, BLOCK_M, BLOCK_N)
             tl.store(out8_ptr + rows[:, None] * stride_o8m + n[None, :], v, mask=out_ok)
@@ -748,27 +739,6 @@ class OInput:
     heads_per_group: int  # 8
 
 
-def copies_of(rows: int, cols: int, count: int, device, dtype=torch.bfloat16):
-    """``(view, (count, stride))``: a ``[rows, cols]`` tensor at the head of a storage that holds
-    ``count`` copies of it, ``stride`` elements apart (an odd number of 128-B lines past whole
-    4 KB, so the copies' lines fall on different L2 slices)."""
-    line = 128 // torch.empty(0, dtype=dtype).element_size()
-    stride = -(-rows * cols // (32 * line)) * 32 * line + line
-    storage = torch.empty(count * stride, dtype=dtype, device=device)
-    return storage[: rows * cols].view(rows, cols), (count, stride)
-
-
-def check_copies(name: str, t: torch.Tensor, copies: tuple[int, int]) -> None:
-    count, stride = copies
-    if count < 1 or (count > 1 and stride < t.shape[0] * t.stride(0)):
-        raise ValueError(f"{name}: expected (count >= 1, stride >= the tensor's "
-                         f"{t.shape[0] * t.stride(0)} elements), got {copies}")  # fmt: skip
-    end = t.storage_offset() + (count - 1) * stride + t.shape[0] * t.stride(0)
-    if count > 1 and end * t.element_size() > t.untyped_storage().nbytes():
-        raise ValueError(f"{name}: {count} copies {stride} elements apart run past the "
-                         f"tensor's storage ({t.untyped_storage().nbytes()} bytes)")  # fmt: skip
-
-
 @dataclasses.dataclass(frozen=True)
 class NormInput:
     """A bf16 activation normalised in the ``A_NORM`` prologue: ``bf16(rmsnorm(qr) * weight)``."""
@@ -790,8 +760,6 @@ def mx_gemm(
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
     records: RecordsAhead | None = None,
-    a_copies: tuple[int, int] = (1, 0),
-    out_copies: tuple[int, int] = (1, 0),
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -805,10 +773,6 @@ def mx_gemm(
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
     the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
-    ``a_copies`` / ``out_copies``: ``(count, stride)``, the bf16 activation / out and ``count -
-    1`` more copies of it, each ``stride`` elements past the one before in its storage
-    (``copies_of``); the programs read the activation's copies in turn, and out is written to
-    every copy.
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -855,11 +819,6 @@ def mx_gemm(
     if out is None:
         out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     _check("out", out, torch.bfloat16, (m, n))
-    check_copies("out_copies", out, out_copies)
-    if a_copies[0] > 1:
-        if mode not in (A_CAST, A_NORM):
-            raise ValueError(f"a_copies: expected a bf16 activation, got A mode {mode}")
-        check_copies("a_copies", a_val, a_copies)
     quant = out8 is not None
     if quant:
         _check("out8 values", out8[0], E4M3, (m, n))
@@ -943,8 +902,6 @@ def mx_gemm(
         out.stride(0),
         o8v.stride(0),
         o8c.stride(0),
-        a_copies[1],
-        out_copies[1],
         N=n,
         K=k,
         N_PER_GROUP=n_per_group,
@@ -965,8 +922,6 @@ def mx_gemm(
         K_STEPS=cfg.k_steps,
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
-        A_COPIES=a_copies[0],
-        OUT_COPIES=out_copies[0],
         TRACE=trace is not None,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and not interpreting() else {}),
