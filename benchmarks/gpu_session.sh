@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -47,7 +47,8 @@
 # one-token GEMV warps 8 / 4 / 2);
 # s23b: call 2 (one-token GEMV programs of 16 warps); s23c: call 3 (inputs' lines asked of the
 # L2 before the PDL wait, DSV41_TOUCH); s23d: call 4 (q and the key table read again, traced);
-# s23e: call 5 (activations written to copies, DSV41_COPIES).
+# s23e: call 5 (activations written to copies, DSV41_COPIES); s24: prepared for session 24
+# (q read in its memory order, DSV41_ATTN_Q_LINES).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1295,6 +1296,19 @@ if [ "$what" = s23e ]; then
     --attn-trace 2>&1 | tail -22
   DSV41_COPIES=8 timeout 150 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
+fi
+if [ "$what" = s24 ]; then
+  # Prepared for session 24 (about 5 minutes): attention reads q in the fused Q layout's memory
+  # order (DSV41_ATTN_Q_LINES=1: 512 contiguous bytes a warp's read, against 32 lines a read):
+  # its GPU tests, then three rounds at tp 4, M = 1, one at tp 4, M = 2 and 4 and tp 2, M = 1
+  # and 2; the trace with it (wait -> q loaded was about 2,200 cycles in session 23).
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
+    -k "q_lines or matches_reference" --timeout 140 2>&1 | tail -3
+  for r in 1 2 3; do ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 4 --tokens 1; done
+  ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 4 --tokens 2,4
+  ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 2 --tokens 1,2
+  DSV41_ATTN_Q_LINES=1 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
+    --attn-trace 2>&1 | grep -A5 "attention and combine programs"
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before

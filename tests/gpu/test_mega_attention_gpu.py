@@ -144,3 +144,17 @@ def test_alone_changes_no_bit(tokens, monkeypatch):
     shared = [k.metadata.shared for cache in mega_attention_kernel.device_caches.values()
               for k in cache[0].values()]  # fmt: skip
     assert whole in shared
+
+
+@pytest.mark.parametrize(("tp", "tokens"), [(4, 1), (2, 1), (4, 2)])
+def test_q_lines_changes_no_bit(tp, tokens, monkeypatch):
+    """q read in the fused layout's memory order (``DSV41_ATTN_Q_LINES``): the same bits as the
+    default read, and the reference's seams."""
+    layer, sc, seams, q_fused = _step(tp, COMPRESSED_LAYER, tokens, "fp8_ds_mla")
+    monkeypatch.setenv("DSV41_ATTN_Q_LINES", "0")
+    off = _run(layer, sc, q_fused)
+    monkeypatch.setenv("DSV41_ATTN_Q_LINES", "1")
+    on = _run(layer, sc, q_fused)
+    for a, b in zip(on, off):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    _check_against_reference(layer, seams, on)
