@@ -109,6 +109,15 @@ switch_call() {
     --attn-trace 2>&1 | tail -10
 }
 
+# trace_and_tests VAR=V FLAG LINES: with the switch set, the one-token trace at tp 4 (profile_step
+# FLAG, its last LINES lines), then the step tests.
+trace_and_tests() {
+  env "$1" timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 "$2" 2>&1 \
+    | tail -"$3"
+  env "$1" timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
+}
+
 # tables BACKENDS [tee]: every M at tp 4 then tp 2, rows tagged "tp T: "; with "tee" (a 200 s
 # limit a run, rows appended to $OUT/tables.txt) else each share's rows in $OUT/bench_tpT.json.
 tables() {
@@ -1258,10 +1267,7 @@ if [ "$what" = s23b ]; then
     ab DSV41_GEMV_WARPS "8 16 4096=16,2048=16 5120=16,1280=16" --backend nvidia --tp 4 --tokens 1
   done
   ab DSV41_GEMV_WARPS "8 16" --backend nvidia --tp 2 --tokens 1
-  DSV41_GEMV_WARPS=16 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
-    --gemv-trace 2>&1 | tail -12
-  DSV41_GEMV_WARPS=16 timeout 150 python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
+  trace_and_tests DSV41_GEMV_WARPS=16 --gemv-trace 12
 fi
 if [ "$what" = s23c ]; then
   # Session 23, call 3 (about 4 minutes): every one-token program asks the L2 for its input's
@@ -1292,10 +1298,7 @@ if [ "$what" = s23e ]; then
   # at tp 4, 1 / 8 at tp 2; the trace with 8; the step tests with 8.
   for r in 1 2; do ab DSV41_COPIES "1 4 8 16" --backend nvidia --tp 4 --tokens 1; done
   ab DSV41_COPIES "1 8" --backend nvidia --tp 2 --tokens 1
-  DSV41_COPIES=8 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
-    --attn-trace 2>&1 | tail -22
-  DSV41_COPIES=8 timeout 150 python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
+  trace_and_tests DSV41_COPIES=8 --attn-trace 22
 fi
 if [ "$what" = s24 ]; then
   # Prepared for session 24 (about 5 minutes): attention reads q in the fused Q layout's memory

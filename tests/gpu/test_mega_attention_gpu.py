@@ -110,17 +110,24 @@ def test_cuda_graph_replay_equals_eager(tokens):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def _same_bits_both_ways(monkeypatch, switch: str, run):
+    """``run()`` with ``switch`` at 0 and at 1: the same bits in every output; the outputs at 1."""
+    monkeypatch.setenv(switch, "0")
+    off = run()
+    monkeypatch.setenv(switch, "1")
+    on = run()
+    for a, b in zip(on, off):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    return on
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_record_prefetch_changes_no_bit(fmt, monkeypatch):
     """Splits of several key blocks with and without the L2 prefetch of their records
     (``DSV41_ATTN_PREFETCH``): the same bits, and the reference's seams."""
     layer, sc, seams, q_fused = _step(4, COMPRESSED_LAYER, 16, fmt)
-    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "0")
-    off = _run(layer, sc, q_fused, splits=7)
-    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "1")
-    on = _run(layer, sc, q_fused, splits=7)
-    for a, b in zip(on, off):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    on = _same_bits_both_ways(monkeypatch, "DSV41_ATTN_PREFETCH",
+                              lambda: _run(layer, sc, q_fused, splits=7))  # fmt: skip
     _check_against_reference(layer, seams, on)
 
 
@@ -132,12 +139,7 @@ def test_alone_changes_no_bit(tokens, monkeypatch):
     from dsv41.nvidia.ops.sm_share import whole_sm_shared_bytes
 
     layer, sc, seams, q_fused = _step(4, COMPRESSED_LAYER, tokens, "fp8_ds_mla")
-    monkeypatch.setenv("DSV41_ATTN_ALONE", "0")
-    off = _run(layer, sc, q_fused)
-    monkeypatch.setenv("DSV41_ATTN_ALONE", "1")
-    on = _run(layer, sc, q_fused)
-    for a, b in zip(on, off):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    on = _same_bits_both_ways(monkeypatch, "DSV41_ATTN_ALONE", lambda: _run(layer, sc, q_fused))
     _check_against_reference(layer, seams, on)
     whole = whole_sm_shared_bytes(q_fused.device.index or 0)
     assert whole >= 200 * 1024
@@ -151,10 +153,5 @@ def test_q_lines_changes_no_bit(tp, tokens, monkeypatch):
     """q read in the fused layout's memory order (``DSV41_ATTN_Q_LINES``): the same bits as the
     default read, and the reference's seams."""
     layer, sc, seams, q_fused = _step(tp, COMPRESSED_LAYER, tokens, "fp8_ds_mla")
-    monkeypatch.setenv("DSV41_ATTN_Q_LINES", "0")
-    off = _run(layer, sc, q_fused)
-    monkeypatch.setenv("DSV41_ATTN_Q_LINES", "1")
-    on = _run(layer, sc, q_fused)
-    for a, b in zip(on, off):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    on = _same_bits_both_ways(monkeypatch, "DSV41_ATTN_Q_LINES", lambda: _run(layer, sc, q_fused))
     _check_against_reference(layer, seams, on)
