@@ -1304,7 +1304,8 @@ if [ "$what" = s24 ]; then
   # Prepared for session 24 (about 5 minutes): attention reads q in the fused Q layout's memory
   # order (DSV41_ATTN_Q_LINES=1: 512 contiguous bytes a warp's read, against 32 lines a read):
   # its GPU tests, then three rounds at tp 4, M = 1, one at tp 4, M = 2 and 4 and tp 2, M = 1
-  # and 2; the trace with it (wait -> q loaded was about 2,200 cycles in session 23).
+  # and 2; the trace with it (wait -> q loaded was about 2,200 cycles in session 23; with the
+  # switch that stamp also takes q's permutation to [heads, dims]).
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
     -k "q_lines or matches_reference" --timeout 140 2>&1 | tail -3
   for r in 1 2 3; do ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 4 --tokens 1; done

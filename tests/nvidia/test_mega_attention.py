@@ -180,7 +180,7 @@ def test_early_keys_give_the_same_bits(fmt, monkeypatch):
 def test_q_read_in_memory_order_gives_the_same_bits(tp, monkeypatch):
     """q read in the fused layout's memory order (``DSV41_ATTN_Q_LINES=1``) gives the bits of the
     default read: 32 heads (two head tiles), 16 and 8 (a half-masked tile); one split and
-    several; and the reference's seams."""
+    several; and the reference's seams. A value other than 0 or 1 is refused."""
     layer, sc, seams, q_fused = _step(tp, COMPRESSED_LAYER, 3, "fp8_ds_mla")
     runs = {}
     for lines in ("0", "1"):
@@ -191,6 +191,9 @@ def test_q_read_in_memory_order_gives_the_same_bits(tp, monkeypatch):
             assert torch.equal(a, b)
     _assert_matches(runs["1"][1], (*_fused(seams.xo, layer.dims.model.heads_per_group),
                                    seams.lse))  # fmt: skip
+    monkeypatch.setenv("DSV41_ATTN_Q_LINES", "on")
+    with pytest.raises(ValueError, match="DSV41_ATTN_Q_LINES: expected 0 or 1, got 'on'"):
+        _run(layer, sc, q_fused)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

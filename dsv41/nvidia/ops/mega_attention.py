@@ -330,7 +330,8 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row. ``Q_LINES``: q
+    read in its memory order (``_load_q_tl``)."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
