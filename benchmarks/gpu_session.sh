@@ -1301,18 +1301,17 @@ if [ "$what" = s23e ]; then
   trace_and_tests DSV41_COPIES=8 --attn-trace 22
 fi
 if [ "$what" = s24 ]; then
-  # Prepared for session 24 (about 5 minutes): attention reads q in the fused Q layout's memory
+  # Prepared for session 24 (about 8 minutes): attention reads q in the fused Q layout's memory
   # order (DSV41_ATTN_Q_LINES=1: 512 contiguous bytes a warp's read, against 32 lines a read):
   # its GPU tests, then three rounds at tp 4, M = 1, one at tp 4, M = 2 and 4 and tp 2, M = 1
-  # and 2; the trace with it (wait -> q loaded was about 2,200 cycles in session 23; with the
-  # switch that stamp also takes q's permutation to [heads, dims]).
+  # and 2; the trace and the step tests with it (wait -> q loaded was about 2,200 cycles in
+  # session 23; with the switch that stamp also takes q's permutation to [heads, dims]).
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
     -k "q_lines or matches_reference" --timeout 140 2>&1 | tail -3
   for r in 1 2 3; do ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 4 --tokens 1; done
   ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 4 --tokens 2,4
   ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 2 --tokens 1,2
-  DSV41_ATTN_Q_LINES=1 timeout 100 python3 benchmarks/profile_step.py --tp 4 --tokens 1 \
-    --attn-trace 2>&1 | grep -A5 "attention and combine programs"
+  trace_and_tests DSV41_ATTN_Q_LINES=1 --attn-trace 22
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
