@@ -146,12 +146,3 @@ def test_alone_changes_no_bit(tokens, monkeypatch):
     shared = [k.metadata.shared for cache in mega_attention_kernel.device_caches.values()
               for k in cache[0].values()]  # fmt: skip
     assert whole in shared
-
-
-@pytest.mark.parametrize(("tp", "tokens"), [(4, 1), (2, 1), (4, 2)])
-def test_q_lines_changes_no_bit(tp, tokens, monkeypatch):
-    """q read in the fused layout's memory order (``DSV41_ATTN_Q_LINES``): the same bits as the
-    default read, and the reference's seams."""
-    layer, sc, seams, q_fused = _step(tp, COMPRESSED_LAYER, tokens, "fp8_ds_mla")
-    on = _same_bits_both_ways(monkeypatch, "DSV41_ATTN_Q_LINES", lambda: _run(layer, sc, q_fused))
-    _check_against_reference(layer, seams, on)

@@ -176,26 +176,6 @@ def test_early_keys_give_the_same_bits(fmt, monkeypatch):
         run(blocks, True)
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
-def test_q_read_in_memory_order_gives_the_same_bits(tp, monkeypatch):
-    """q read in the fused layout's memory order (``DSV41_ATTN_Q_LINES=1``) gives the bits of the
-    default read: 32 heads (two head tiles), 16 and 8 (a half-masked tile); one split and
-    several; and the reference's seams. A value other than 0 or 1 is refused."""
-    layer, sc, seams, q_fused = _step(tp, COMPRESSED_LAYER, 3, "fp8_ds_mla")
-    runs = {}
-    for lines in ("0", "1"):
-        monkeypatch.setenv("DSV41_ATTN_Q_LINES", lines)
-        runs[lines] = [_run(layer, sc, q_fused, splits=s) for s in (1, 3)]
-    for got, want in zip(runs["1"], runs["0"]):
-        for a, b in zip(got, want):
-            assert torch.equal(a, b)
-    _assert_matches(runs["1"][1], (*_fused(seams.xo, layer.dims.model.heads_per_group),
-                                   seams.lse))  # fmt: skip
-    monkeypatch.setenv("DSV41_ATTN_Q_LINES", "on")
-    with pytest.raises(ValueError, match="DSV41_ATTN_Q_LINES: expected 0 or 1, got 'on'"):
-        _run(layer, sc, q_fused)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_empty_row_and_out_of_range_entries(fmt):
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, fmt)
@@ -379,8 +359,7 @@ from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
 def attention_ptx(**over):
     consts = dict(H=16, G=8, KEYS=640, FMT=0, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
                   KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
-                  ALIGNED=True, PREFETCH=False, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False,
-                  Q_LINES=False)
+                  ALIGNED=True, PREFETCH=False, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
     kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
              "part_stat_ptr": "*fp32", "qk_scale": "fp32", "trace_ptr": "*i64"}

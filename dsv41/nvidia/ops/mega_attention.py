@@ -189,27 +189,18 @@ def _rope_tl(x, c, s, ROWS: tl.constexpr, W: tl.constexpr, INVERSE: tl.constexpr
 
 
 @triton.jit
-def _load_q_tl(q_ptr, token, head0, H: tl.constexpr, HT: tl.constexpr,
-               LINES: tl.constexpr):  # fmt: skip
+def _load_q_tl(q_ptr, token, head0, H: tl.constexpr, HT: tl.constexpr):
     """fp32 ``[HT, 512]``: q of heads ``head0 ..`` of ``token`` from the fused Q layout (0 for
-    heads past H). By default each lane reads dims of one head (32-B pieces ``H * 32`` B apart:
-    a warp's read spans 32 lines); ``LINES`` reads the layout in its memory order, ``[512 / 16
-    chunks, HT * 16]`` (a chunk's dims of the tile's heads are contiguous), and permutes it to
-    ``[HT, 512]`` after."""
-    if LINES:  # [chunks, HT * 16]: the tile's heads of a chunk are contiguous
-        CHUNKS: tl.constexpr = _HEAD_DIM // _Q_CHUNK
-        c = tl.arange(0, CHUNKS)
-        col = head0 * _Q_CHUNK + tl.arange(0, HT * _Q_CHUNK)
-        at = token * (H * _HEAD_DIM) + c[:, None] * (H * _Q_CHUNK) + col[None, :]
-        raw = tl.load(q_ptr + at, mask=(col < H * _Q_CHUNK)[None, :], other=0.0)
-        q = tl.reshape(tl.permute(tl.reshape(raw, (CHUNKS, HT, _Q_CHUNK)), (1, 0, 2)),
-                       (HT, _HEAD_DIM))  # fmt: skip
-    else:
-        heads = head0 + tl.arange(0, HT)
-        d = tl.arange(0, _HEAD_DIM)
-        q_col = d // _Q_CHUNK * (H * _Q_CHUNK) + d % _Q_CHUNK
-        q_at = token * (H * _HEAD_DIM) + heads[:, None] * _Q_CHUNK + q_col[None, :]
-        q = tl.load(q_ptr + q_at, mask=(heads < H)[:, None], other=0.0)
+    heads past H), read in the layout's memory order, ``[512 / 16 chunks, HT * 16]`` (a chunk's
+    dims of the tile's heads are contiguous: 512 B a warp's read), then permuted. (Each lane
+    reading one head's dims made a warp's read span 32 lines: about 2,200 cycles a program
+    against 1,300 this way, H200, session 24.)"""
+    CHUNKS: tl.constexpr = _HEAD_DIM // _Q_CHUNK
+    c = tl.arange(0, CHUNKS)
+    col = head0 * _Q_CHUNK + tl.arange(0, HT * _Q_CHUNK)
+    at = token * (H * _HEAD_DIM) + c[:, None] * (H * _Q_CHUNK) + col[None, :]
+    raw = tl.load(q_ptr + at, mask=(col < H * _Q_CHUNK)[None, :], other=0.0)
+    q = tl.reshape(tl.permute(tl.reshape(raw, (CHUNKS, HT, _Q_CHUNK)), (1, 0, 2)), (HT, _HEAD_DIM))
     return q.to(tl.float32)
 
 
@@ -322,7 +313,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False, Q_LINES: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -330,8 +321,7 @@ def mega_attention_kernel(
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
     several blocks, aligned rows, GPU only): the split's records are asked of the L2 first.
-    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row. ``Q_LINES``: q
-    read in its memory order (``_load_q_tl``)."""
+    ``TRACE``: this program's stamps (``TRACE_FIELDS``) in ``trace_ptr``'s row."""
     if TRACE:
         row = tl.program_id(0).to(tl.int64) * SPLITS + tl.program_id(1)
         stamps = trace_ptr + row * _TRACE_FIELDS
@@ -370,7 +360,7 @@ def mega_attention_kernel(
         prefetch_records_tl(ahead[0], ahead[1], ahead[2], FMT)
 
     # q from the fused Q layout: standard[h * 512 + d] at (d // 16) * H * 16 + h * 16 + d % 16.
-    q = _load_q_tl(q_ptr, token, (pid % TILES) * HT, H, HT, Q_LINES)
+    q = _load_q_tl(q_ptr, token, (pid % TILES) * HT, H, HT)
     if TRACE:  # the cycles when q's raw load arrived
         tl.store(stamps + _Q_LOADED, clock64_tl(_arrived_tl(q)))
     q = _rope_tl(q, cos_a, sin_a, HT, _HEAD_DIM, False)
@@ -572,13 +562,6 @@ def early_keys() -> bool:
     return env_flag("DSV41_ATTN_EARLY", True)
 
 
-def q_in_lines() -> bool:
-    """Whether attention reads q in the fused Q layout's memory order (``_load_q_tl``'s
-    ``LINES``): ``DSV41_ATTN_Q_LINES`` (1 or 0), off by default (not yet measured on the GPU;
-    session 23 measured q's read at about 2,200 cycles a program, alone)."""
-    return env_flag("DSV41_ATTN_Q_LINES", False)
-
-
 def prefetch_records() -> bool:
     """Whether a split of several key blocks asks the L2 for its records before its loop:
     ``DSV41_ATTN_PREFETCH`` (1 or 0), on by default; never under the interpreter (no L2)."""
@@ -765,7 +748,7 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
-        Q_LINES=q_in_lines(), **pdl_launch_options(pdl),
+        **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
