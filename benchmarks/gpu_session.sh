@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 s24b s24c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -47,8 +47,10 @@
 # one-token GEMV warps 8 / 4 / 2);
 # s23b: call 2 (one-token GEMV programs of 16 warps); s23c: call 3 (inputs' lines asked of the
 # L2 before the PDL wait, DSV41_TOUCH); s23d: call 4 (q and the key table read again, traced);
-# s23e: call 5 (activations written to copies, DSV41_COPIES); s24: prepared for session 24
-# (q read in its memory order, DSV41_ATTN_Q_LINES).
+# s23e: call 5 (activations written to copies, DSV41_COPIES); s24: session 24's call 1 (q read
+# in its memory order, DSV41_ATTN_Q_LINES; the only read after it); s24b: call 2 (mono's q read
+# in memory order against the tree before it, the tests, nvidia's tables); s24c: call 3 (the
+# q-tile test on the GPU, the score dot's segments with q read in memory order).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1312,6 +1314,31 @@ if [ "$what" = s24 ]; then
   ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 4 --tokens 2,4
   ab DSV41_ATTN_Q_LINES "0 1" --backend nvidia --tp 2 --tokens 1,2
   trace_and_tests DSV41_ATTN_Q_LINES=1 --attn-trace 22
+fi
+if [ "$what" = s24b ]; then
+  # Session 24, call 2 (about 9 minutes): both backends read q in the fused Q layout's memory
+  # order (dsv41/common/fused_layout_tl.py): the attention GPU tests; mono at tp 4, M = 1, 2, 16
+  # and tp 2, M = 1 against tree 44cacc0 in _old/ (nvidia's read already in memory order, mono's
+  # head by head), twice; nvidia's tables; mono's GPU tests at tp 4 (every M, the executor's
+  # scratch, the graph replay) in the time left.
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mega_attention_gpu.py \
+    tests/common/test_fused_layout_tl.py --timeout 110 2>&1 | tail -3
+  for r in 1 2; do
+    vs_old 44cacc0 --backend mono --tp 4 --tokens 1,2,16
+    vs_old 44cacc0 --backend mono --tp 2 --tokens 1
+  done
+  tables nvidia tee
+  timeout 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 160 \
+    -k "tp4 and (every_token or scratch or graph_replay)" 2>&1 | tail -3
+fi
+if [ "$what" = s24c ]; then
+  # Session 24, call 3 (about 4 minutes): the q-tile helper's test on the GPU (call 2 gave it
+  # CPU tensors); the score dot's segments (DSV41_ATTN_QK_SPLIT, default 4 at one token) now
+  # that q arrives permuted: 4 / 2 / 8 twice at tp 4, M = 1, once at tp 2, M = 1.
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/common/test_fused_layout_tl.py \
+    --timeout 50 2>&1 | tail -2
+  for r in 1 2; do ab DSV41_ATTN_QK_SPLIT "4 2 8" --backend nvidia --tp 4 --tokens 1; done
+  ab DSV41_ATTN_QK_SPLIT "4 2 8" --backend nvidia --tp 2 --tokens 1
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before

@@ -40,7 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
+from dsv41.common.fused_layout import O_CHUNK
+from dsv41.common.fused_layout_tl import q_tile_at_tl, q_tile_heads_tl
 from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, load_records_tl
@@ -125,7 +126,6 @@ LOG2_E = math.log2(math.e)
 _HEAD_DIM = tl.constexpr(HEAD_DIM)
 _NOPE = tl.constexpr(NOPE_DIM)  # 448
 _HALF_ROPE = tl.constexpr(ROPE_DIM // 2)  # 32 rope pairs: the width of the cos / sin tables
-_Q_CHUNK = tl.constexpr(Q_CHUNK)  # 16
 _O_CHUNK = tl.constexpr(O_CHUNK)  # 32
 _LN2 = tl.constexpr(math.log(2.0))
 # The opt-in trace of the attention launches (``profile_step.py --attn-trace`` sets
@@ -191,17 +191,10 @@ def _rope_tl(x, c, s, ROWS: tl.constexpr, W: tl.constexpr, INVERSE: tl.constexpr
 @triton.jit
 def _load_q_tl(q_ptr, token, head0, H: tl.constexpr, HT: tl.constexpr):
     """fp32 ``[HT, 512]``: q of heads ``head0 ..`` of ``token`` from the fused Q layout (0 for
-    heads past H), read in the layout's memory order, ``[512 / 16 chunks, HT * 16]`` (a chunk's
-    dims of the tile's heads are contiguous: 512 B a warp's read), then permuted. (Each lane
-    reading one head's dims made a warp's read span 32 lines: about 2,200 cycles a program
-    against 1,300 this way, H200, session 24.)"""
-    CHUNKS: tl.constexpr = _HEAD_DIM // _Q_CHUNK
-    c = tl.arange(0, CHUNKS)
-    col = head0 * _Q_CHUNK + tl.arange(0, HT * _Q_CHUNK)
-    at = token * (H * _HEAD_DIM) + c[:, None] * (H * _Q_CHUNK) + col[None, :]
-    raw = tl.load(q_ptr + at, mask=(col < H * _Q_CHUNK)[None, :], other=0.0)
-    q = tl.reshape(tl.permute(tl.reshape(raw, (CHUNKS, HT, _Q_CHUNK)), (1, 0, 2)), (HT, _HEAD_DIM))
-    return q.to(tl.float32)
+    heads past H), read in the layout's memory order (``fused_layout_tl``)."""
+    at, ok = q_tile_at_tl(token, head0, H, HT, _HEAD_DIM)
+    raw = tl.load(q_ptr + at, mask=ok, other=0.0)
+    return q_tile_heads_tl(raw, HT, _HEAD_DIM).to(tl.float32)
 
 
 @triton.jit
