@@ -31,8 +31,8 @@ def test_q_tile_matches_the_standard_layout(heads, tile):
     torch.manual_seed(heads * tile)
     q = torch.randn(3, heads, D, device=DEVICE)
     fused = permute_q_to_fused(q).contiguous()
-    assert torch.equal(permute_q_from_fused(fused, heads, D), q)  # the layout is not trivial
-    assert not torch.equal(fused, q.reshape(3, heads * D))
+    assert torch.equal(permute_q_from_fused(fused, heads, D), q)  # the reference's round trip
+    assert not torch.equal(fused, q.reshape(3, heads * D))  # and the layout is not the identity
     tiles = -(-heads // tile)
     out = torch.zeros(3, tiles * tile, D, device=DEVICE)
     _q_tile_kernel[(3, tiles)](fused, out, H=heads, HT=tile, D=D)
