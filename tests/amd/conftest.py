@@ -18,16 +18,18 @@ TINY = load_model_config("tiny")
 
 @pytest.fixture(scope="session")
 def tiny_layer():
-    """``tiny_layer(tp, layer_id, hidden=256, q_rank=128)``: the last rank's random weights of
-    the tiny model (``hidden`` widened to make x span several xq / GEMV blocks, ``q_rank`` off a
-    power of two to end wq_b's K in a partial block), built once a session."""
-    layers: dict[tuple[int, int, int, int], LayerWeights] = {}
+    """``tiny_layer(tp, layer_id, hidden=256, q_rank=128, heads=32)``: the last rank's random
+    weights of the tiny model (``hidden`` widened to make x span several xq / GEMV blocks,
+    ``q_rank`` off a power of two to end wq_b's K in a partial block, ``heads`` doubled to give
+    a rank two head tiles, with a group every 8 heads as in the model), built once a session."""
+    layers: dict[tuple[int, int, int, int, int], LayerWeights] = {}
 
-    def get(tp: int, layer_id: int, hidden: int = TINY.hidden,
-            q_rank: int = TINY.q_rank) -> LayerWeights:
-        key = (tp, layer_id, hidden, q_rank)
+    def get(tp: int, layer_id: int, hidden: int = TINY.hidden, q_rank: int = TINY.q_rank,
+            heads: int = TINY.n_heads) -> LayerWeights:
+        key = (tp, layer_id, hidden, q_rank, heads)
         if key not in layers:
-            model = dataclasses.replace(TINY, hidden=hidden, q_rank=q_rank)
+            model = dataclasses.replace(TINY, hidden=hidden, q_rank=q_rank, n_heads=heads,
+                                        o_groups=heads // (TINY.n_heads // TINY.o_groups))
             lw = LayerWeights(Dims.of(model, tp), tp - 1, layer_id)
             lw.dummy_load(seed=100 + 10 * tp + layer_id)
             layers[key] = lw

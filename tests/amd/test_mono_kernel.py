@@ -82,12 +82,22 @@ def test_key_slices_match_executor_and_reference(
     assert (runner.plan.key_chunk, runner.plan.key_slice) == (32, 16)
 
 
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_two_head_tiles_match_executor_and_reference(tokens: int, tiny_layer, run_mono,
+                                                     run_reference) -> None:  # fmt: skip
+    """64 heads at tp 2: 32 a rank, two attention head tiles (the real geometry's tp 2 share),
+    so the second tile's q is read from the fused Q layout past the first's columns."""
+    _against_executor_and_reference(2, 1, tokens, 256, tiny_layer, run_mono, run_reference,
+                                    heads=64)  # fmt: skip
+
+
 def _against_executor_and_reference(
-    tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference
+    tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference,
+    heads: int = 32,
 ) -> MonoRunner:
     """Every scratch region of one launch against the schedule executor's, y against the
     reference (the switches as the caller set them)."""
-    lw = tiny_layer(tp, layer_id, hidden)
+    lw = tiny_layer(tp, layer_id, hidden, heads=heads)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     kernel_sc, exec_sc = sc.clone_caches(), sc.clone_caches()
     runner = MonoRunner(lw, tokens, epoch=5)
