@@ -1,5 +1,6 @@
-"""A tile of q read from the fused Q layout (SPEC §5) as device helpers, shared by both
-backends' attention.
+"""A tile of q read from the fused Q layout (SPEC §5) as device helpers (nvidia's attention;
+mono's still reads head by head: with this read its tp 2 GPU test failed once, unexplained,
+BENCHMARKS.md session 24).
 
 The fused Q layout keeps a token's q as ``[head_dim / Q_CHUNK chunks, heads, Q_CHUNK]``: a
 chunk's 16 dims of consecutive heads are contiguous. A tile of heads is read in that memory

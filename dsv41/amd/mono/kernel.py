@@ -45,7 +45,6 @@ from dsv41.amd.mono.plan import (
     WQKV_TASK_ROWS,
 )
 from dsv41.common.fused_layout import Q_CHUNK
-from dsv41.common.fused_layout_tl import q_tile_at_tl, q_tile_heads_tl
 from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
 from dsv41.common.kv_cache import KV_DIM
 from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_tl, store_record_tl
@@ -554,10 +553,10 @@ def _attn(
     h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
     hm = h < HEADS
     d = tl.arange(0, HEAD_DIM)
-    q_at, q_ok = q_tile_at_tl(s, tile * HEAD_TILE_, HEADS, HEAD_TILE_, HEAD_DIM)
+    q_at = s * (HEADS * HEAD_DIM) + (d // Q_CHUNK_ * (HEADS * Q_CHUNK_) + d % Q_CHUNK_)[None, :]
     ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
-    q = q_tile_heads_tl(tl.load(q_ptr + q_at, mask=q_ok, other=0.0, cache_modifier=".cg"),
-                        HEAD_TILE_, HEAD_DIM)  # fmt: skip
+    q = tl.load(q_ptr + q_at + h[:, None] * Q_CHUNK_, mask=hm[:, None], other=0.0,
+                cache_modifier=".cg")
     top = tl.full((HEAD_TILE_,), float("-inf"), tl.float32)
     total = tl.zeros((HEAD_TILE_,), tl.float32)
     o = tl.zeros((HEAD_TILE_, HEAD_DIM), tl.float32)
