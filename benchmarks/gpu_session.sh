@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 s24b s24c s24d trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 s24b s24c s24d s25 trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -51,7 +51,8 @@
 # in its memory order, DSV41_ATTN_Q_LINES; the only read after it); s24b: call 2 (mono's q read
 # in memory order against the tree before it, the tests, nvidia's tables); s24c: call 3 (the
 # q-tile test on the GPU, the score dot's segments with q read in memory order); s24d: call 4
-# (the final tree's nvidia step tests and mono's tp 2 tests, one tp 4, M = 1 bench).
+# (the final tree's nvidia step tests and mono's tp 2 tests, one tp 4, M = 1 bench); s25:
+# prepared for session 25 (mono's tp 2 test of every M with each q read, DSV41_MONO_Q_LINES).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1350,6 +1351,19 @@ if [ "$what" = s24d ]; then
   timeout 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py --timeout 160 \
     -k "tp2 and (every_token or scratch or graph_replay)" 2>&1 | tail -3
   b --backend nvidia --tp 4 --tokens 1
+fi
+if [ "$what" = s25 ]; then
+  # Prepared for session 25 (about 9 minutes): mono's tp 2 test of every M, which failed once in
+  # session 24 with attention's q read in memory order (its log cut at 170 s), with the
+  # head-by-head read (0, the default) and that read (1), each under a 280 s limit that prints
+  # the failure; then mono at tp 4, M = 1, 2, 16 and tp 2, M = 1 with each.
+  for lines in 0 1; do
+    DSV41_MONO_Q_LINES=$lines timeout 290 python3 -m pytest -q -p no:cacheprovider \
+      tests/gpu/test_mono_gpu.py -k "tp2 and every_token" --timeout 280 2>&1 | tail -15 \
+      | sed "s/^/Q_LINES=$lines: /"
+  done
+  ab DSV41_MONO_Q_LINES "0 1" --backend mono --tp 4 --tokens 1,2,16
+  ab DSV41_MONO_Q_LINES "0 1" --backend mono --tp 2 --tokens 1
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
