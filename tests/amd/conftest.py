@@ -29,7 +29,7 @@ def tiny_layer():
         key = (tp, layer_id, hidden, q_rank, heads)
         if key not in layers:
             model = dataclasses.replace(TINY, hidden=hidden, q_rank=q_rank, n_heads=heads,
-                                        o_groups=heads // (TINY.n_heads // TINY.o_groups))
+                                        o_groups=heads // TINY.heads_per_group)
             lw = LayerWeights(Dims.of(model, tp), tp - 1, layer_id)
             lw.dummy_load(seed=100 + 10 * tp + layer_id)
             layers[key] = lw

@@ -97,11 +97,12 @@ def test_two_head_tiles_match_executor_and_reference(tokens: int, lines: bool, t
 
 def _against_executor_and_reference(
     tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference,
-    heads: int = 32,
+    **layer,
 ) -> MonoRunner:
     """Every scratch region of one launch against the schedule executor's, y against the
-    reference (the switches as the caller set them)."""
-    lw = tiny_layer(tp, layer_id, hidden, heads=heads)
+    reference (the switches as the caller set them; ``layer``: more of ``tiny_layer``'s
+    arguments)."""
+    lw = tiny_layer(tp, layer_id, hidden, **layer)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     kernel_sc, exec_sc = sc.clone_caches(), sc.clone_caches()
     runner = MonoRunner(lw, tokens, epoch=5)
