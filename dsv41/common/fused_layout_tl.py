@@ -1,6 +1,5 @@
-"""A tile of q read from the fused Q layout (SPEC §5) as device helpers: nvidia's attention
-reads q this way; mono's does with ``DSV41_MONO_Q_LINES=1`` (off by default: its tp 2 GPU test
-failed once with it, cause not found, BENCHMARKS.md session 24).
+"""A tile of q read from the fused Q layout (SPEC §5) as device helpers: both backends'
+attention reads q this way (nvidia's mega attention, mono's attention task).
 
 The fused Q layout keeps a token's q as ``[head_dim / Q_CHUNK chunks, heads, Q_CHUNK]``: a
 chunk's 16 dims of consecutive heads are contiguous. A tile of heads is read in that memory

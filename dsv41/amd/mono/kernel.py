@@ -538,11 +538,11 @@ def _attn(
     box_ptr, tag, spin_limit, ctl_ptr, ticket, scale,
     HEADS: tl.constexpr, HEADS_P: tl.constexpr, KEYS: tl.constexpr, KC: tl.constexpr,
     KS: tl.constexpr, CHUNKS: tl.constexpr, WIN_BLOCK: tl.constexpr, COMP_BLOCK: tl.constexpr,
-    HAS_COMP: tl.constexpr, EXACT: tl.constexpr, Q_LINES: tl.constexpr,
+    HAS_COMP: tl.constexpr, EXACT: tl.constexpr,
 ):
     """Keys ``chunk * KC ..`` of token s, 16 heads: ``part = sum p k / sum p``,
-    ``pstat = (max, sum p)``. q is read head by head, or with ``Q_LINES`` in the fused Q
-    layout's memory order (``fused_layout_tl``: 512 contiguous bytes a warp's read).
+    ``pstat = (max, sum p)``. q is read in the fused Q layout's memory order
+    (``fused_layout_tl``: 512 contiguous bytes a warp's read) and permuted to heads after.
 
     The chunk runs in slices of KS keys (``Plan.key_slice``) with an online softmax (fewer
     registers than the whole chunk); the first slice's records are loaded before the wait on
@@ -555,16 +555,10 @@ def _attn(
     h = tile * HEAD_TILE_ + tl.arange(0, HEAD_TILE_)
     hm = h < HEADS
     d = tl.arange(0, HEAD_DIM)
-    if Q_LINES:
-        q_at, q_ok = q_tile_at_tl(s, tile * HEAD_TILE_, HEADS, HEAD_TILE_, HEAD_DIM)
-    else:
-        q_col = d // Q_CHUNK_ * (HEADS * Q_CHUNK_) + d % Q_CHUNK_
-        q_at = s * (HEADS * HEAD_DIM) + h[:, None] * Q_CHUNK_ + q_col[None, :]
-        q_ok = hm[:, None]
+    q_at, q_ok = q_tile_at_tl(s, tile * HEAD_TILE_, HEADS, HEAD_TILE_, HEAD_DIM)
     ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
-    q = tl.load(q_ptr + q_at, mask=q_ok, other=0.0, cache_modifier=".cg")
-    if Q_LINES:
-        q = q_tile_heads_tl(q, HEAD_TILE_, HEAD_DIM)
+    q = q_tile_heads_tl(tl.load(q_ptr + q_at, mask=q_ok, other=0.0, cache_modifier=".cg"),
+                        HEAD_TILE_, HEAD_DIM)
     top = tl.full((HEAD_TILE_,), float("-inf"), tl.float32)
     total = tl.zeros((HEAD_TILE_,), tl.float32)
     o = tl.zeros((HEAD_TILE_, HEAD_DIM), tl.float32)
@@ -864,7 +858,7 @@ def mono_kernel(
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
-    MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False, Q_LINES: tl.constexpr = False,
+    MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error.
 
@@ -875,7 +869,6 @@ def mono_kernel(
     ``GEMV_PAIRS`` (one token, with ``GEMV_WORDS``): a wq_b or wo_b task takes its program's
     next ticket before it starts; when that ticket is a task of the same stage both run as
     one (``_gemv_pair``), else the next ticket is held for the next turn of the loop.
-    ``Q_LINES``: attention reads its q tile in the fused Q layout's memory order (``_attn``).
     """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
@@ -934,7 +927,7 @@ def mono_kernel(
                 ok = _attn(s, tile, i % CHUNKS, q_ptr, key_ptr, win_ptr, comp_ptr, win_slots,
                            comp_slots, part_ptr, pstat_ptr, qrdy_ptr + 2 * (1 + tile), tag,
                            spin_limit, ctl_ptr, t, scale, HEADS, HEADS_P, KEYS, KC, KS,
-                           CHUNKS, WIN_BLOCK, COMP_BLOCK, HAS_COMP, EXACT, Q_LINES)
+                           CHUNKS, WIN_BLOCK, COMP_BLOCK, HAS_COMP, EXACT)
             _arrive(srdy_ptr + 2 * (s * HEAD_TILES + tile), CHUNKS, tag, ok)
         elif t < end_combine:
             i = t - end_attn

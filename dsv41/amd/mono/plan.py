@@ -116,11 +116,6 @@ MMA_SPLIT = 8
 # 72.3 / 103.7 one at a time. Pairs in Wqkv and wo_a too (each task's own activation columns, a
 # tried variant) took 66.1 / 97.6 against 62.9 / 90.1 (spills; attention slowed).
 PAIRS = True
-# An attention task reads its q tile in the fused Q layout's memory order (kernel Q_LINES,
-# common/fused_layout_tl.py) when DSV41_MONO_Q_LINES=1; off by default. H200, session 24: tp 4,
-# M = 1 / 2 / 16: 61.3 / 77.5 / 134.5 us a step against 62.3 / 79.4 / 138.7 head by head, and
-# tp 4's GPU tests passed, but tp 2's test of every M failed once with it (cause not found).
-Q_LINES = False
 KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
 KEY_SLICE = 32  # keys an attention task holds in registers at once (DSV41_MONO_KEY_SLICE)
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
@@ -172,12 +167,6 @@ def gemv_pairs(tokens: int) -> bool:
     the same stage (kernel ``GEMV_PAIRS``, with ``gemv_words`` only): ``DSV41_MONO_PAIRS``
     (1 or 0) when set, else ``PAIRS``."""
     return env_flag("DSV41_MONO_PAIRS", PAIRS) and tokens == 1 and gemv_words(tokens)
-
-
-def q_lines() -> bool:
-    """Whether an attention task reads its q tile in the fused Q layout's memory order (kernel
-    ``Q_LINES``): ``DSV41_MONO_Q_LINES`` (1 or 0) when set, else ``Q_LINES``."""
-    return env_flag("DSV41_MONO_Q_LINES", Q_LINES)
 
 
 def mma_split(tokens: int) -> int | None:
@@ -321,8 +310,7 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b),
-        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``, and attention's
-        ``Q_LINES``. Read once (the switches included), so the task tables and the launches
+        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``. Read once (the switches included), so the task tables and the launches
         built from one plan always agree."""
         m, d = self.dims.model, self.dims
         blocks = {
@@ -345,7 +333,6 @@ class Plan:
             "GEMV_WORDS": gemv_words(self.tokens),
             "GEMV_PAIRS": gemv_pairs(self.tokens),
             "MMA_SPLIT": split,
-            "Q_LINES": q_lines(),
         }
 
     @functools.cached_property
