@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 s24b s24c s24d s25 trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 s24b s24c s24d s25 s25b s25c trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -52,7 +52,9 @@
 # in memory order against the tree before it, the tests, nvidia's tables); s24c: call 3 (the
 # q-tile test on the GPU, the score dot's segments with q read in memory order); s24d: call 4
 # (the final tree's nvidia step tests and mono's tp 2 tests, one tp 4, M = 1 bench); s25:
-# prepared for session 25 (mono's tp 2 test of every M with each q read, DSV41_MONO_Q_LINES).
+# session 25's call 1 (mono's tp 2 test of every M with each q read, DSV41_MONO_Q_LINES; the
+# memory-order read mono's only one after it); s25b: call 2 (every mono GPU test on that tree);
+# s25c: call 3 (mono's tables, nvidia at tp 4, M = 1).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1364,6 +1366,18 @@ if [ "$what" = s25 ]; then
   done
   ab DSV41_MONO_Q_LINES "0 1" --backend mono --tp 4 --tokens 1,2,16
   ab DSV41_MONO_Q_LINES "0 1" --backend mono --tp 2 --tokens 1
+fi
+if [ "$what" = s25b ]; then
+  # Session 25, call 2 (about 8 minutes): every mono GPU test (both shares) once mono's attention
+  # reads q in the fused Q layout's memory order only.
+  timeout 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
+    --timeout 300 2>&1 | tail -15
+fi
+if [ "$what" = s25c ]; then
+  # Session 25, call 3 (about 7 minutes): mono's tables of that tree (every M, both shares),
+  # then nvidia at tp 4, M = 1 three times.
+  tables mono tee
+  for r in 1 2 3; do b --backend nvidia --tp 4 --tokens 1; done
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
