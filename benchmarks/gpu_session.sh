@@ -53,8 +53,8 @@
 # q-tile test on the GPU, the score dot's segments with q read in memory order); s24d: call 4
 # (the final tree's nvidia step tests and mono's tp 2 tests, one tp 4, M = 1 bench); s25:
 # session 25's call 1 (mono's tp 2 test of every M with each q read, DSV41_MONO_Q_LINES; the
-# memory-order read mono's only one after it); s25b: call 2 (every mono GPU test on that tree);
-# s25c: call 3 (mono's tables, nvidia at tp 4, M = 1).
+# memory-order read mono's only one after it); s25b: call 2 (a step's time against the graph's
+# layer count; mono's rows); s25c: call 3 (every mono GPU test on that tree).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1368,16 +1368,27 @@ if [ "$what" = s25 ]; then
   ab DSV41_MONO_Q_LINES "0 1" --backend mono --tp 2 --tokens 1
 fi
 if [ "$what" = s25b ]; then
-  # Session 25, call 2 (about 8 minutes): every mono GPU test (both shares) once mono's attention
+  # Session 25, call 2 (about 6 minutes): what a layer step costs against the graph's layer
+  # count (the replay's own start is paid once a graph): nvidia at tp 4, M = 1 with 4 layers
+  # (the default: 2.5 L2s of weights), 8, 16 and the model's 40, twice; M = 48 and tp 2, M = 1
+  # with 4 and 40; mono at tp 4, M = 1 with 4 and 40. Then mono's rows of the tree (memory-order
+  # q read only) at tp 4, M = 1, 2, 16, 48 and tp 2, M = 1, 16, 48.
+  for r in 1 2; do
+    for n in 4 8 16 40; do b --backend nvidia --tp 4 --tokens 1 --layers $n | sed "s/^/layers $n: /"; done
+  done
+  for n in 4 40; do
+    b --backend nvidia --tp 4 --tokens 48 --layers $n | sed "s/^/layers $n: /"
+    b --backend nvidia --tp 2 --tokens 1 --layers $n | sed "s/^/tp 2 layers $n: /"
+    b --backend mono --tp 4 --tokens 1 --layers $n | sed "s/^/layers $n: /"
+  done
+  b --backend mono --tp 4 --tokens 1,2,16,48 | sed "s/^/tp 4: /"
+  b --backend mono --tp 2 --tokens 1,16,48 | sed "s/^/tp 2: /"
+fi
+if [ "$what" = s25c ]; then
+  # Session 25, call 3 (about 8 minutes): every mono GPU test (both shares) once mono's attention
   # reads q in the fused Q layout's memory order only.
   timeout 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     --timeout 300 2>&1 | tail -15
-fi
-if [ "$what" = s25c ]; then
-  # Session 25, call 3 (about 7 minutes): mono's tables of that tree (every M, both shares),
-  # then nvidia at tp 4, M = 1 three times.
-  tables mono tee
-  for r in 1 2 3; do b --backend nvidia --tp 4 --tokens 1; done
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
