@@ -1370,11 +1370,11 @@ fi
 if [ "$what" = s25b ]; then
   # Session 25, call 2 (about 6 minutes): what a layer step costs against the graph's layer
   # count (the replay's own start is paid once a graph): nvidia at tp 4, M = 1 with 4 layers
-  # (the default: 2.5 L2s of weights), 8, 16 and the model's 40, twice; M = 48 and tp 2, M = 1
-  # with 4 and 40; mono at tp 4, M = 1 with 4 and 40. Then mono's rows of the tree (memory-order
-  # q read only) at tp 4, M = 1, 2, 16, 48 and tp 2, M = 1, 16, 48.
-  for r in 1 2; do
-    for n in 4 8 16 40; do b --backend nvidia --tp 4 --tokens 1 --layers $n | sed "s/^/layers $n: /"; done
+  # (the default: 2.5 L2s of weights), 8, 16 and the model's 40, then 4 and 40 again; M = 48 and
+  # tp 2, M = 1 with 4 and 40; mono at tp 4, M = 1 with 4 and 40. Then mono's rows of the tree
+  # (memory-order q read only) at tp 4, M = 1, 2, 16, 48 and tp 2, M = 1, 16, 48.
+  for n in 4 8 16 40 4 40; do
+    b --backend nvidia --tp 4 --tokens 1 --layers $n | sed "s/^/layers $n: /"
   done
   for n in 4 40; do
     b --backend nvidia --tp 4 --tokens 48 --layers $n | sed "s/^/layers $n: /"
