@@ -54,7 +54,8 @@
 # (the final tree's nvidia step tests and mono's tp 2 tests, one tp 4, M = 1 bench); s25:
 # session 25's call 1 (mono's tp 2 test of every M with each q read, DSV41_MONO_Q_LINES; the
 # memory-order read mono's only one after it); s25b: call 2 (a step's time against the graph's
-# layer count; mono's rows); s25c: call 3 (every mono GPU test on that tree).
+# layer count; mono's GPU tests not yet run with that read; call 3 ran its nvidia loop inline,
+# with 40, 4, 40, 40 layers); s25c: prepared, not run (every mono GPU test).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}

@@ -129,7 +129,7 @@ def chain(dims: Dims, tokens: list[int]) -> None:
     real = {name: getattr(mod, name) for mod, name, _ in sites}
     for mod, name, label in sites:
         setattr(mod, name, _Cut(real[name], budget, label, seen))
-    lws = graph_layers(dims, 0)  # the bench's graph: enough layers to miss L2
+    lws = graph_layers(dims, 0)  # the bench's graph: the model's layers, past the L2
     step = step_function("nvidia")
     try:
         for m in tokens:
@@ -156,7 +156,7 @@ def chain(dims: Dims, tokens: list[int]) -> None:
 def timeline(dims: Dims, tokens: list[int], replays: int = 6) -> None:
     from dsv41.bench import capture_graph, graph_layers, graph_scenarios, layer_steps, step_function
 
-    lws = graph_layers(dims, 0)  # the bench's graph: enough layers to miss L2
+    lws = graph_layers(dims, 0)  # the bench's graph: the model's layers, past the L2
     step = step_function("nvidia")
     for m in tokens:
         graph = capture_graph(layer_steps(step, lws, graph_scenarios(dims, lws, m)))

@@ -1,10 +1,14 @@
 """Microseconds per layer step of a backend at a TP share, vs the SPEC §8 floor and the reference.
 
 For each token count M the script builds ``--layers`` layers (random MXFP8
-weights of the rank, each with its own caches, enough layers that their weights
+weights of the rank, each with its own caches; by default as many as the model
+has, as a server's decode graph holds, and at least enough that their weights
 exceed the GPU's L2 so every step streams them from HBM), captures one step of
 every layer back to back in one CUDA graph, replays it many times and reports
-the median over replays (CUDA events) divided by the layer count. The floor is
+the median over replays (CUDA events) divided by the layer count. A replay's own
+start (the launch reaching the GPU, a first step with no kernel before it to
+overlap) is paid once a graph: H200, tp 4, M = 1, 4 layers took 24.6 to 25.2 us a
+step against 23.5 to 23.7 with the model's 40 (BENCHMARKS.md, session 25). The floor is
 ``(rank weight bytes incl. scales + M * KEYS * record bytes) / copy bandwidth``,
 the bandwidth measured in the same run by a large device-to-device copy
 (read + write bytes over its time). The eager reference (``reference_step`` on
@@ -48,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--layers",
         type=int,
         default=None,
-        help=f"layers in a graph (default: enough for {L2_MARGIN} x the {L2_BYTES >> 20} MB L2)",
+        help=f"layers in a graph (default: the model's layer count, at least enough for "
+        f"{L2_MARGIN} x the {L2_BYTES >> 20} MB L2)",
     )
     p.add_argument("--replays", type=int, default=REPLAYS)
     p.add_argument("--reference-repeats", type=int, default=REFERENCE_REPEATS)
@@ -207,13 +212,16 @@ def progress(done: int, total: int, label: str) -> None:
 def graph_layers(dims, rank: int, n_layers: int | None = None) -> list:
     """The layers one timing graph holds back to back: rank ``rank``'s dummy-loaded weights of
     the model's compressed layers in turn (of every layer if none is compressed); ``n_layers``
-    of them, by default enough that their weights exceed ``L2_MARGIN`` x the L2."""
+    of them, by default the model's layer count (a server's decode graph holds every layer, so
+    a replay's own start is spread over that many steps), and at least enough that their
+    weights exceed ``L2_MARGIN`` x the L2."""
     from dsv41.common.weights import LayerWeights
 
     model = dims.model
     compressed = [i for i, r in enumerate(model.compress_ratios) if r] or list(range(model.num_layers))
     one = LayerWeights(dims, rank, compressed[0], device="cuda")
-    n_layers = n_layers or max(2, -(-int(L2_MARGIN * L2_BYTES) // weight_bytes(one)))
+    past_l2 = -(-int(L2_MARGIN * L2_BYTES) // weight_bytes(one))
+    n_layers = n_layers or max(2, model.num_layers, past_l2)
     layers = [one] + [
         LayerWeights(dims, rank, compressed[i % len(compressed)], device="cuda")
         for i in range(1, n_layers)
