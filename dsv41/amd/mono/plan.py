@@ -310,8 +310,9 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b),
-        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``. Read once (the switches included), so the task tables and the launches
-        built from one plan always agree."""
+        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``. Read once (the
+        switches included), so the task tables and the launches built from one plan always
+        agree."""
         m, d = self.dims.model, self.dims
         blocks = {
             "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
