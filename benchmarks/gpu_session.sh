@@ -5,7 +5,7 @@
 # tests bench ab steps pdl sweep s6 s6b s6c s6tests next next-tests s7 s7-final s8 s8-tests
 # s8b s8c s8d s8e s8f s8g s9 s9b s9c s9-tests s9d s10 s10b s10c s10d s10e
 # s10f s10g s11 s11b s11c s11d s11e s11f s11g s11h s12 s12b s12c s12d s12e s12f
-# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 s24b s24c s24d s25 s25b s25c trace ncu all (default all).
+# s12g s13 s13b s13c s13d s13e s14 s14b s14c s15 s15b s16 s16b s16c s16d s16e s17 s17b s17c s17d s17e s18 s18b s18c s18d s18e s19 s19b s19c s19d s19e s20 s20b s20c s20d s20e s20f s21 s21b s21c s21d s21e s22 s22b s22c s22d s22e s22f s22g s23 s23b s23c s23d s23e s24 s24b s24c s24d s25 s25b s25c s26 s26b trace ncu all (default all).
 # ab: session 5's A/B (each switch off) with the tables; steps: both step tests; pdl, sweep,
 # s6, s6b, s6tests, s6c: session 6's calls; next, next-tests: prepared for session 7;
 # s7: session 7's call 3 (the L2 prefetch A/B; the prefetch was removed after it);
@@ -55,7 +55,8 @@
 # session 25's call 1 (mono's tp 2 test of every M with each q read, DSV41_MONO_Q_LINES; the
 # memory-order read mono's only one after it); s25b: call 2 (a step's time against the graph's
 # layer count; mono's GPU tests not yet run with that read; call 3 ran its nvidia loop inline,
-# with 40, 4, 40, 40 layers); s25c: prepared, not run (every mono GPU test).
+# with 40, 4, 40, 40 layers); s25c: prepared, not run (every mono GPU test). s26, s26b:
+# prepared for session 26 (nvidia's tables, then mono's, in graphs of the model's 40 layers).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -131,7 +132,7 @@ tables() {
   local tp
   for tp in 4 2; do
     if [ "${2:-}" = tee ]; then
-      BT=200 b --backend "$1" --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /" \
+      BT=${BT:-200} b --backend "$1" --tp "$tp" --tokens 1,2,4,8,16,32,48 | sed "s/^/tp $tp: /" \
         | tee -a "$OUT/tables.txt"
     else
       b --backend "$1" --tp $tp --tokens 1,2,4,8,16,32,48 --json "$OUT/bench_tp$tp.json" \
@@ -1389,6 +1390,15 @@ if [ "$what" = s25c ]; then
   # reads q in the fused Q layout's memory order only.
   timeout 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     --timeout 300 2>&1 | tail -15
+fi
+if [ "$what" = s26 ]; then
+  # Prepared for session 26 (about 9 minutes): nvidia's tables at both shares with the bench's
+  # default since session 25 (the model's 40 layers a graph), a 280 s limit a share.
+  BT=280 tables nvidia tee
+fi
+if [ "$what" = s26b ]; then
+  # Prepared for session 26 (about 9 minutes): mono's tables likewise.
+  BT=280 tables mono tee
 fi
 if [ "$what" = s19d ]; then
   # Session 19, call 4 (about 4 minutes): wo_a's programs ask the L2 for wo_b's weights before
