@@ -126,8 +126,8 @@ trace_and_tests() {
     tests/gpu/test_nvidia_step_gpu.py -k "step_matches or graph" --timeout 140 2>&1 | tail -3
 }
 
-# tables BACKENDS [tee]: every M at tp 4 then tp 2, rows tagged "tp T: "; with "tee" (a 200 s
-# limit a run, rows appended to $OUT/tables.txt) else each share's rows in $OUT/bench_tpT.json.
+# tables BACKENDS [tee]: every M at tp 4 then tp 2, rows tagged "tp T: "; with "tee" (BT s, 200
+# by default, a run; rows appended to $OUT/tables.txt) else each share's rows in $OUT/bench_tpT.json.
 tables() {
   local tp
   for tp in 4 2; do
