@@ -5,11 +5,10 @@ weights of the rank, each with its own caches; by default as many as the model
 has, as a server's decode graph holds, and at least enough that their weights
 exceed the GPU's L2 so every step streams them from HBM), captures one step of
 every layer back to back in one CUDA graph, replays it many times and reports
-the median over replays (CUDA events) divided by the layer count. A replay's own
-start (the launch reaching the GPU, a first step with no kernel before it to
-overlap) is paid once a graph: H200, tp 4, M = 1, 4 layers took 24.6 to 25.2 us a
-step against 23.5 to 23.7 with the model's 40 (BENCHMARKS.md, session 25).
-The floor is ``(rank weight bytes incl. scales + M * KEYS * record bytes) / copy bandwidth``,
+the median over replays (CUDA events) divided by the layer count (a replay's own
+start is paid once a graph: BENCHMARKS.md, session 25, measures what it adds a step
+at 4 layers). The floor is
+``(rank weight bytes incl. scales + M * KEYS * record bytes) / copy bandwidth``,
 the bandwidth measured in the same run by a large device-to-device copy
 (read + write bytes over its time). The eager reference (``reference_step`` on
 the same GPU tensors) is timed with fewer repeats. Figures go to BENCHMARKS.md.
