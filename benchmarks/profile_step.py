@@ -117,7 +117,7 @@ class _Cut:
         return self.kernel[grid]
 
 
-def chain(dims: Dims, tokens: list[int]) -> None:
+def chain(dims: Dims, tokens: list[int], n_layers: int | None = None) -> None:
     from dsv41.bench import graph_layers, graph_scenarios, step_function, time_graph
     from dsv41.nvidia.ops import mega_attention, mx_gemm, norm_rope_insert
 
@@ -129,7 +129,7 @@ def chain(dims: Dims, tokens: list[int]) -> None:
     real = {name: getattr(mod, name) for mod, name, _ in sites}
     for mod, name, label in sites:
         setattr(mod, name, _Cut(real[name], budget, label, seen))
-    lws = graph_layers(dims, 0)  # the bench's graph: the model's layers, past the L2
+    lws = graph_layers(dims, 0, n_layers)  # the bench's graph: the model's layers, past the L2
     step = step_function("nvidia")
     try:
         for m in tokens:
@@ -153,10 +153,10 @@ def chain(dims: Dims, tokens: list[int]) -> None:
             setattr(mod, name, real[name])
 
 
-def timeline(dims: Dims, tokens: list[int], replays: int = 6) -> None:
+def timeline(dims: Dims, tokens: list[int], n_layers: int | None = None, replays: int = 6) -> None:
     from dsv41.bench import capture_graph, graph_layers, graph_scenarios, layer_steps, step_function
 
-    lws = graph_layers(dims, 0)  # the bench's graph: the model's layers, past the L2
+    lws = graph_layers(dims, 0, n_layers)  # the bench's graph: the model's layers, past the L2
     step = step_function("nvidia")
     for m in tokens:
         graph = capture_graph(layer_steps(step, lws, graph_scenarios(dims, lws, m)))
@@ -178,13 +178,14 @@ def timeline(dims: Dims, tokens: list[int], replays: int = 6) -> None:
             print(f"  {start - t0:7.2f} {end - t0:7.2f} {end - start:7.2f}  {name[:48]}")
 
 
-def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, replays: int = 5) -> None:
+def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, n_layers: int | None = None,
+               replays: int = 5) -> None:
     from dsv41.bench import capture_graph, graph_layers, graph_scenarios, layer_steps, step_function
     from dsv41.nvidia.ops import mega_attention as attn
     from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for
     from dsv41.nvidia.step import GEMM_SITES
 
-    lws = graph_layers(dims, 0)  # the bench's graph: the last layer's stamps stay
+    lws = graph_layers(dims, 0, n_layers)  # the bench's graph: the last layer's stamps stay
     step = step_function("nvidia")
 
     def q(v, p):
@@ -410,6 +411,9 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true")
     p.add_argument("--gemv-trace", action="store_true")
     p.add_argument("--attn-trace", action="store_true", help="--gemv-trace with attention's")
+    p.add_argument("--layers", type=int, default=None,
+                   help="layers in the graph of --chain, --timeline and the traces (default: the "
+                        "bench's, the model's layers)")
     args = p.parse_args()
     dims = Dims.of(args.config, args.tp)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -420,11 +424,11 @@ def main() -> None:
     if args.attn_sweep:
         attention_sweep(dims, tokens)
     if args.chain:
-        chain(dims, tokens)
+        chain(dims, tokens, args.layers)
     if args.timeline:
-        timeline(dims, tokens)
+        timeline(dims, tokens, args.layers)
     if args.gemv_trace or args.attn_trace:
-        gemv_trace(dims, tokens, attention=args.attn_trace)
+        gemv_trace(dims, tokens, attention=args.attn_trace, n_layers=args.layers)
 
 
 if __name__ == "__main__":
