@@ -55,8 +55,9 @@
 # session 25's call 1 (mono's tp 2 test of every M with each q read, DSV41_MONO_Q_LINES; the
 # memory-order read mono's only one after it); s25b: call 2 (a step's time against the graph's
 # layer count; mono's GPU tests not yet run with that read; call 3 ran its nvidia loop inline,
-# with 40, 4, 40, 40 layers); s25c: prepared, not run (every mono GPU test). s26, s26b:
-# prepared for session 26 (nvidia's tables, then mono's, in graphs of the model's 40 layers).
+# with 40, 4, 40, 40 layers); s25c: every mono GPU test (run as session 26's call 3). s26:
+# session 26's call 1 (nvidia's tables in graphs of the model's 40 layers); s26b: mono's tables
+# likewise (not run as a mode: call 2 ran them inline).
 # trace: where a mono step's time goes (benchmarks/mono_trace.py). ncu: counters at M = 1.
 set -uo pipefail
 what=${1:-all}
@@ -1386,18 +1387,18 @@ if [ "$what" = s25b ]; then
     -k "window_only or 300 or epoch" --timeout 190 2>&1 | tail -4
 fi
 if [ "$what" = s25c ]; then
-  # Session 25, call 3 (about 8 minutes): every mono GPU test (both shares) once mono's attention
+  # Session 26, call 3 (about 6 minutes): every mono GPU test (both shares) once mono's attention
   # reads q in the fused Q layout's memory order only.
   timeout 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mono_gpu.py \
     --timeout 300 2>&1 | tail -15
 fi
 if [ "$what" = s26 ]; then
-  # Prepared for session 26 (about 9 minutes): nvidia's tables at both shares with the bench's
+  # Session 26, call 1 (about 4 minutes): nvidia's tables at both shares with the bench's
   # default since session 25 (the model's 40 layers a graph), a 280 s limit a share.
   BT=280 tables nvidia tee
 fi
 if [ "$what" = s26b ]; then
-  # Prepared for session 26 (about 9 minutes): mono's tables likewise.
+  # mono's tables likewise (about 4 minutes; session 26's call 2 ran them inline).
   BT=280 tables mono tee
 fi
 if [ "$what" = s19d ]; then
