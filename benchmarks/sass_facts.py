@@ -1,4 +1,4 @@
-"""What each kernel of the nvidia step compiles to on SM90, without a GPU.
+"""What each kernel of the nvidia step (or mono's one launch) compiles to on SM90, without a GPU.
 
 One step of M tokens at a tp share runs on CPU tensors of the real geometry with every Triton
 launch caught instead of run (``JITFunction.run``), the launchers seeing an H200: 132 SMs, a
@@ -11,7 +11,11 @@ torch allocates them; an int argument divisible by 16 as such, and one equal to 
 constexpr 1, as Triton specializes them (unless the kernel says not to). The
 installed Triton compiles (the H200 runs 3.6: put one first on the path to match it).
 
-    python benchmarks/sass_facts.py --tp 4 --tokens 1 [--dump DIR]
+    python benchmarks/sass_facts.py --tp 4 --tokens 1 [--backend mono] [--dump DIR]
+
+``--backend mono`` catches mono's persistent launch instead (one program a SM, the GPU's
+constexprs: tensor-core dots, the PTX e4m3 conversion): its registers a thread bound the warps
+a SM holds (65,536 registers a SM). It has no PDL wait, so no count after one.
 
 ``--dump DIR`` also writes each launch's TTGIR, PTX and SASS there (``<n>_<kernel>.ttgir`` /
 ``.ptx`` / ``.sass``, n its place in the step), to read what follows a wait and which layouts
@@ -137,7 +141,7 @@ def facts(fn, args: tuple, kwargs: dict, dump: Path | None = None) -> dict:
         dump.with_suffix(".ptx").write_text(kernel.asm["ptx"])
         dump.with_suffix(".ttgir").write_text(kernel.asm["ttgir"])
         dump.with_suffix(".sass").write_text(sass)
-    lines = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", sass, flags=re.MULTILINE)
+    lines = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", sass, flags=re.MULTILINE)
     wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), None)
     after = lines[wait:] if wait is not None else []
     ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", line).split(" ")[0].split(".")[0]
@@ -172,12 +176,32 @@ def step_launches(tp: int, tokens: int, fmt: str) -> list:
     return calls
 
 
+def mono_launches(tp: int, tokens: int) -> list:
+    """The caught launch of one mono step: ``[(fn, args, kwargs)]``, a program a SM of an H200
+    (mono's records are fp8_ds_mla)."""
+    from dsv41.amd.mono.launcher import MonoRunner
+    from dsv41.common.geometry import Dims
+    from dsv41.common.scenario import make_scenario
+    from dsv41.common.weights import LayerWeights
+
+    dims = Dims.of("dsv41-flash", tp)
+    layer = LayerWeights(dims, rank=0, layer_id=1)
+    layer.dummy_load(seed=0)
+    sc = make_scenario(dims, 1, tokens, fmt="fp8_ds_mla")
+    runner = MonoRunner(layer, tokens, programs=H200_SMS)
+    calls: list = []
+    with caught_launches(calls):
+        runner.launch(*sc.step_args(), torch.empty_like(sc.x))
+    return calls
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tp", type=int, default=4, choices=(2, 4))
     p.add_argument("--tokens", type=int, default=1)
     p.add_argument("--fmt", default="fp8_ds_mla", choices=("fp8_ds_mla", "fp8_mx"),
                    help="record format (SM90 stores fp8_ds_mla)")
+    p.add_argument("--backend", default="nvidia", choices=("nvidia", "mono"))
     p.add_argument("--json", help="write the rows to this file too")
     p.add_argument("--dump", type=Path,
                    help="write each launch's TTGIR, PTX and SASS to this folder")  # fmt: skip
@@ -189,10 +213,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.dump:
         a.dump.mkdir(parents=True, exist_ok=True)
+    if a.backend == "mono":
+        fmt, launches = "fp8_ds_mla", mono_launches(a.tp, a.tokens)
+    else:
+        fmt, launches = a.fmt, step_launches(a.tp, a.tokens, a.fmt)
     rows = [facts(*call, dump=a.dump / f"{i}_{call[0].__name__}" if a.dump else None)
-            for i, call in enumerate(step_launches(a.tp, a.tokens, a.fmt))]  # fmt: skip
-    print(f"tp {a.tp}, M = {a.tokens}, {a.fmt}, SM90, Triton {triton.__version__}: each launch "
-          f"of one step")
+            for i, call in enumerate(launches)]  # fmt: skip
+    print(f"{a.backend}, tp {a.tp}, M = {a.tokens}, {fmt}, SM90, Triton {triton.__version__}: "
+          f"each launch of one step")
     print(f"{'kernel':32} {'warps':>5} {'regs':>4} {'spill':>5} {'shared':>6} {'sass':>5} "
           f"{'after wait':>10}  most after the wait")  # fmt: skip
     for r in rows:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,23 @@ def test_one_token_step_compiles_for_sm90(tmp_path):
     refused = subprocess.run([sys.executable, "benchmarks/sass_facts.py"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
+def test_mono_launch_compiles_for_sm90(tmp_path):
+    """``--backend mono``, tp 4, M = 1: mono's one launch, 8 warps, registers within a thread's
+    255 and no PDL wait; its code is past 64 KB (offsets of five hex digits), and every
+    instruction is counted: the count is the last instruction's offset / 16 + 1."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "facts.json"
+    run = subprocess.run([sys.executable, "benchmarks/sass_facts.py", "--backend", "mono",
+                          "--tp", "4", "--tokens", "1", "--json", str(out), "--dump",
+                          str(tmp_path / "asm")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    assert row["kernel"] == "mono_kernel" and row["warps"] == 8, row
+    assert 0 < row["registers"] <= 255 and row["after_wait"] is None, row
+    sass = (tmp_path / "asm" / "0_mono_kernel.sass").read_text()
+    offsets = [int(o, 16) for o in re.findall(r"/\*([0-9a-f]{4,})\*/", sass)]
+    assert offsets[-1] >= 0x10000 and row["sass"] == offsets[-1] // 16 + 1, (row, offsets[-1])
