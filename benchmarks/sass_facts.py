@@ -159,39 +159,40 @@ def facts(fn, args: tuple, kwargs: dict, dump: Path | None = None) -> dict:
     }
 
 
-def step_launches(tp: int, tokens: int, fmt: str) -> list:
-    """The caught launches of one nvidia step: ``(fn, args, kwargs)`` in launch order."""
+def _layer_and_step(tp: int, tokens: int, fmt: str, layer_id: int) -> tuple:
+    """Rank 0's dummy-loaded weights of dsv41-flash's layer ``layer_id`` at ``tp`` and a step of
+    ``tokens`` tokens with records in ``fmt``: ``(layer, scenario)``."""
     from dsv41.common.geometry import Dims
     from dsv41.common.scenario import make_scenario
     from dsv41.common.weights import LayerWeights
-    from dsv41.nvidia.step import nvidia_step
 
     dims = Dims.of("dsv41-flash", tp)
-    layer = LayerWeights(dims, rank=0, layer_id=1)
+    layer = LayerWeights(dims, rank=0, layer_id=layer_id)
     layer.dummy_load(seed=0)
-    sc = make_scenario(dims, 1, tokens, fmt=fmt)
+    return layer, make_scenario(dims, layer_id, tokens, fmt=fmt)
+
+
+def step_launches(tp: int, tokens: int, fmt: str, layer_id: int = 1) -> list:
+    """The caught launches of one nvidia step: ``(fn, args, kwargs)`` in launch order."""
+    from dsv41.nvidia.step import nvidia_step
+
+    layer, sc = _layer_and_step(tp, tokens, fmt, layer_id)
     calls: list = []
     with seen_as_h200(layer), caught_launches(calls):
         nvidia_step(layer, *sc.step_args())
     return calls
 
 
-def mono_launches(tp: int, tokens: int) -> list:
+def mono_launches(tp: int, tokens: int, layer_id: int = 1) -> list:
     """The caught launch of one mono step: ``[(fn, args, kwargs)]``, a program a SM of an H200
     (mono's records are fp8_ds_mla)."""
     from dsv41.amd.mono.launcher import MonoRunner
-    from dsv41.common.geometry import Dims
-    from dsv41.common.scenario import make_scenario
-    from dsv41.common.weights import LayerWeights
 
-    dims = Dims.of("dsv41-flash", tp)
-    layer = LayerWeights(dims, rank=0, layer_id=1)
-    layer.dummy_load(seed=0)
-    sc = make_scenario(dims, 1, tokens, fmt="fp8_ds_mla")
-    runner = MonoRunner(layer, tokens, programs=H200_SMS)
+    layer, sc = _layer_and_step(tp, tokens, "fp8_ds_mla", layer_id)
     calls: list = []
     with caught_launches(calls):
-        runner.launch(*sc.step_args(), torch.empty_like(sc.x))
+        MonoRunner(layer, tokens, programs=H200_SMS).launch(*sc.step_args(),
+                                                            torch.empty_like(sc.x))
     return calls
 
 
@@ -202,10 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fmt", default="fp8_ds_mla", choices=("fp8_ds_mla", "fp8_mx"),
                    help="record format (SM90 stores fp8_ds_mla)")
     p.add_argument("--backend", default="nvidia", choices=("nvidia", "mono"))
+    p.add_argument("--layer", type=int, default=1,
+                   help="the model's layer (default 1, uncompressed; the bench's graphs hold "
+                        "the compressed layers, the first of them 2)")
     p.add_argument("--json", help="write the rows to this file too")
     p.add_argument("--dump", type=Path,
                    help="write each launch's TTGIR, PTX and SASS to this folder")  # fmt: skip
     a = p.parse_args(argv)
+    if a.backend == "mono" and a.fmt != "fp8_ds_mla":
+        p.error(f"--fmt: mono stores fp8_ds_mla records only, got {a.fmt}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("sass_facts: unset TRITON_INTERPRET (the launchers must pick the GPU's "
                  "constexprs)")  # fmt: skip
@@ -214,13 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.dump:
         a.dump.mkdir(parents=True, exist_ok=True)
     if a.backend == "mono":
-        fmt, launches = "fp8_ds_mla", mono_launches(a.tp, a.tokens)
+        launches = mono_launches(a.tp, a.tokens, a.layer)
     else:
-        fmt, launches = a.fmt, step_launches(a.tp, a.tokens, a.fmt)
+        launches = step_launches(a.tp, a.tokens, a.fmt, a.layer)
     rows = [facts(*call, dump=a.dump / f"{i}_{call[0].__name__}" if a.dump else None)
             for i, call in enumerate(launches)]  # fmt: skip
-    print(f"{a.backend}, tp {a.tp}, M = {a.tokens}, {fmt}, SM90, Triton {triton.__version__}: "
-          f"each launch of one step")
+    print(f"{a.backend}, layer {a.layer}, tp {a.tp}, M = {a.tokens}, {a.fmt}, SM90, Triton "
+          f"{triton.__version__}: each launch of one step")
     print(f"{'kernel':32} {'warps':>5} {'regs':>4} {'spill':>5} {'shared':>6} {'sass':>5} "
           f"{'after wait':>10}  most after the wait")  # fmt: skip
     for r in rows:
