@@ -1,17 +1,15 @@
 """Microseconds per layer step of a backend at a TP share, vs the SPEC §8 floor and the reference.
 
-For each token count M the script builds ``--layers`` layers (random MXFP8
-weights of the rank, each with its own caches; by default as many as the model
-has, as a server's decode graph holds, and at least enough that their weights
-exceed the GPU's L2 so every step streams them from HBM), captures one step of
-every layer back to back in one CUDA graph, replays it many times and reports
-the median over replays (CUDA events) divided by the layer count (a replay's own
-start is paid once a graph: BENCHMARKS.md, session 25, measures what it adds a step
-at 4 layers). The floor is
-``(rank weight bytes incl. scales + M * KEYS * record bytes) / copy bandwidth``,
-the bandwidth measured in the same run by a large device-to-device copy
-(read + write bytes over its time). The eager reference (``reference_step`` on
-the same GPU tensors) is timed with fewer repeats. Figures go to BENCHMARKS.md.
+For each token count M the script builds ``--layers`` layers (random MXFP8 weights of the rank,
+each with its own caches; by default as many as the model has, as a server's decode graph holds,
+and at least enough that their weights exceed the GPU's L2 so every step streams them from HBM),
+captures one step of every layer back to back in one CUDA graph, replays it many times and
+reports the median over replays (CUDA events) divided by the layer count (a replay's own start
+is paid once a graph: BENCHMARKS.md, session 25, measures what it adds a step at 4 layers). The
+floor is ``(rank weight bytes incl. scales + M * KEYS * record bytes) / copy bandwidth``, the
+bandwidth measured in the same run by a large device-to-device copy (read + write bytes over its
+time). The eager reference (``reference_step`` on the same GPU tensors) is timed with fewer
+repeats. Figures go to BENCHMARKS.md.
 
     dsv41 bench --backend nvidia,mono --config dsv41-flash --tp 4 \\
         --tokens 1,2,4,8,16,32,48 --json bench.json --plot bench.png
