@@ -39,11 +39,11 @@ def main() -> None:
           f"{'y_rel, private scratch':>22}")
     for s in token_list(args.tokens):
         sc = make_scenario(dims, lid, s, seed=s, device="cuda")
-        ref = reference_step(lw, *sc.clone_caches().step_args())
-        got = parity(dims, mono_step(lw, *sc.clone_caches().step_args()), ref)
+        ref = reference_step(lw, sc.clone_caches())
+        got = parity(dims, mono_step(lw, sc.clone_caches()), ref)
         private = MonoRunner(lw, s)
         y = torch.empty_like(sc.x)
-        private.launch(*sc.clone_caches().step_args(), y)
+        private.launch(sc.clone_caches(), y)
         private.check()
         alone = parity(dims, private.seams(y), ref)
         print(f"{s:>3} {got['y_rel']:9.2e} {got['q_rel']:9.2e} {got['z_rel']:9.2e} "
@@ -52,13 +52,11 @@ def main() -> None:
         sc = make_scenario(dims, lid, s, seed=s, device="cuda")
         runner = MonoRunner(lw, s, epoch=3)
         y = torch.empty_like(sc.x)
-        runner.launch(*sc.clone_caches().step_args(), y)
+        runner.launch(sc.clone_caches(), y)
         runner.check()
         scratch = runner.plan.new_scratch("cuda", epoch=3)
         y_exec = torch.empty_like(sc.x)
-        ScheduleExecutor(runner.plan, lw, runner.cos, runner.sin).run(
-            scratch, *sc.clone_caches().step_args(), y_exec
-        )
+        ScheduleExecutor(runner.plan, lw, runner.cos, runner.sin).run(scratch, sc.clone_caches(), y_exec)
         agree = region_agreement(runner.plan, runner.scratch, scratch)
         y_same = float((y == y_exec).float().mean())
         print(f"S = {s}, private scratch: y equal {y_same:.4f}; "

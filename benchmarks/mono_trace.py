@@ -69,11 +69,10 @@ def main() -> None:
         sc = make_scenario(dims, layer.layer_id, m, seed=m, device="cuda")
         runner = MonoRunner(layer, m)
         y = torch.empty_like(sc.x)
-        step = sc.step_args()
         for _ in range(args.warmup):
-            runner.launch(*step, y)
+            runner.launch(sc, y)
         trace = torch.zeros(runner.plan.total_tasks, 3, dtype=torch.int64, device="cuda")
-        runner.launch(*step, y, trace=trace)
+        runner.launch(sc, y, trace=trace)
         torch.cuda.synchronize()
         runner.check()
         rows = stage_table(runner.plan, trace, layer)

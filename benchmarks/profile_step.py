@@ -79,8 +79,7 @@ def breakdown(dims: Dims, tokens: list[int], layers: int = 4) -> None:
 
         def run(scs=scs):
             for lw, sc in zip(lws, scs):
-                nvidia_step(lw, sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
-                            sc.compressed_cache)
+                nvidia_step(lw, sc)
 
         run()
         torch.cuda.synchronize()

@@ -179,7 +179,7 @@ def step_launches(tp: int, tokens: int, fmt: str, layer_id: int = 1) -> list:
     layer, sc = _layer_and_step(tp, tokens, fmt, layer_id)
     calls: list = []
     with seen_as_h200(layer), caught_launches(calls):
-        nvidia_step(layer, *sc.step_args())
+        nvidia_step(layer, sc)
     return calls
 
 
@@ -191,8 +191,7 @@ def mono_launches(tp: int, tokens: int, layer_id: int = 1) -> list:
     layer, sc = _layer_and_step(tp, tokens, "fp8_ds_mla", layer_id)
     calls: list = []
     with caught_launches(calls):
-        MonoRunner(layer, tokens, programs=H200_SMS).launch(*sc.step_args(),
-                                                            torch.empty_like(sc.x))
+        MonoRunner(layer, tokens, programs=H200_SMS).launch(sc, torch.empty_like(sc.x))
     return calls
 
 

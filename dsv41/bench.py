@@ -26,12 +26,13 @@ import sys
 
 import torch
 
+from dsv41.backends import NAMES
+
 L2_BYTES = 60 * 2**20  # H200 L2: the weights of the layers in a graph must exceed it
 L2_MARGIN = 2.5  # weights in a graph >= this many L2s, so no replay finds them cached
 COPY_BYTES = 2 * 2**30  # the bandwidth probe's buffer
 REPLAYS = 50
 REFERENCE_REPEATS = 5
-BACKENDS = ("nvidia", "mono", "reference")
 RECORD_FORMAT = "fp8_ds_mla"  # SM90's record format (SPEC §4); the mono kernel reads only it
 
 
@@ -59,8 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     for b in args.backends:
-        if b not in BACKENDS:
-            p.error(f"--backend: expected names from {BACKENDS}, got {b!r}")
+        if b not in NAMES:
+            p.error(f"--backend: expected names from {NAMES}, got {b!r}")
     try:
         args.tokens = [int(t) for t in args.tokens.split(",") if t]
     except ValueError:
@@ -105,35 +106,14 @@ def compressed_layer(config: str, tp: int, seed: int, device: str = "cuda"):
 
 
 def step_function(backend: str):
-    """``step(layer, scenario)`` of a backend (enqueue only, graph-capturable), or why not."""
-    if backend == "nvidia":
-        from dsv41.nvidia.step import nvidia_step as step_fn
-    elif backend == "mono":
-        try:
-            from dsv41.amd.mono import launcher
-        except ImportError as e:
-            return f"mono backend unavailable: {e}"
-        if hasattr(launcher, "runner_for"):  # mono_step syncs to check for errors: launch only
+    """``step(layer, inputs)`` of a backend: its enqueue-only, graph-capturable launch
+    (``dsv41.backends``), or why it cannot be had."""
+    from dsv41 import backends
 
-            def step_fn(
-                layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
-            ):
-                y = torch.empty_like(x)
-                launcher.runner_for(layer, x.shape[0]).launch(
-                    x, positions, slot_mapping, key_table, window_cache, compressed_cache, y
-                )
-                return y
-        elif hasattr(launcher, "mono_step"):
-            step_fn = launcher.mono_step
-        else:
-            return "mono backend unavailable: dsv41.amd.mono.launcher has no mono_step"
-    else:
-        from dsv41.common.reference import reference_step as step_fn
-
-    def step(layer, sc):
-        return step_fn(layer, *sc.step_args())
-
-    return step
+    try:
+        return backends.get(backend).launch
+    except ImportError as e:
+        return f"{backend} backend unavailable: {e}"
 
 
 def layer_steps(step, layers, scenarios):

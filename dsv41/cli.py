@@ -58,7 +58,7 @@ def cmd_reference(args) -> int:
     layer = LayerWeights(dims, args.rank, args.layer)
     layer.dummy_load(args.seed)
     sc = make_scenario(dims, args.layer, args.tokens, fmt=args.record_format, seed=args.seed)
-    seams = reference_step(layer, *sc.step_args())
+    seams = reference_step(layer, sc)
     print(f"reference step: {dims.model.name}, tp {dims.tp} rank {args.rank}, layer {args.layer}, "
           f"{args.tokens} tokens, {args.record_format}")
     print(f"{'seam':<10} {'dtype':<16} {'shape':<20} {'norm':>12}")
@@ -72,28 +72,10 @@ def cmd_reference(args) -> int:
     return 0
 
 
-def _available_backends(tp: int, tokens: int, requested: str | None) -> list[str]:
-    """Kernel backends this machine can run for (tp, tokens); on CPU through the Triton interpreter."""
-    from dsv41.layer import MONO_MAX_TOKENS, MONO_TP
-
-    names = ["nvidia"]
-    if tp in MONO_TP and tokens <= MONO_MAX_TOKENS:
-        names.append("mono")
-    if requested:
-        wanted = [n.strip() for n in requested.split(",") if n.strip()]
-        for n in wanted:
-            if n not in ("nvidia", "mono"):
-                raise ValueError(f"--backends: expected names from nvidia, mono, got {n!r}")
-            if n not in names:
-                raise ValueError(f"--backends: {n} cannot run at tp {tp} with {tokens} tokens")
-        names = wanted
-    return names
-
-
 def cmd_parity(args) -> int:
     from dsv41.common.scenario import make_scenario
     from dsv41.common.weights import LayerWeights
-    from dsv41.layer import _step_function
+    from dsv41 import backends as registry
     from dsv41.parity import format_table, run_parity
 
     if args.deploy:
@@ -113,8 +95,8 @@ def cmd_parity(args) -> int:
         layer.dummy_load(args.seed)
         source = f"synthetic weights (seed {args.seed})"
     sc = make_scenario(dims, args.layer, args.tokens, fmt=args.record_format, seed=args.seed, device=device)
-    names = ["reference"] + _available_backends(dims.tp, args.tokens, args.backends)
-    backends = {n: _step_function(n) for n in names}
+    names = ["reference"] + registry.available(dims.tp, args.tokens, args.backends)
+    backends = {n: registry.get(n).step for n in names}
     where = device if device == "cuda" else "cpu, Triton interpreter"
     print(f"parity: {dims.model.name}, tp {dims.tp} rank {args.rank}, layer {args.layer}, "
           f"{args.tokens} tokens, {args.record_format}, {source}, on {where}")

@@ -24,6 +24,7 @@ from dsv41.common.fused_layout import (
 from dsv41.common.mx import mxfp8_dequantize
 from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.scenario import Scenario
+from dsv41.common.step_inputs import StepInputs
 from dsv41.common.weights import LayerWeights
 
 SEAMS = ("x8", "qkv", "q", "xo", "z", "y")
@@ -91,7 +92,7 @@ def compare(
     return Comparison(seam, pair, max_abs, rel, cos, agree, ok)
 
 
-StepFn = Callable[..., dict]
+StepFn = Callable[[LayerWeights, StepInputs], dict]
 
 
 def run_parity(
@@ -104,14 +105,14 @@ def run_parity(
 ) -> list[Comparison]:
     """Run every backend on its own copy of the caches and compare each pair on each seam.
 
-    ``backends`` maps a name to a step function with the signature of
-    ``reference_step`` returning a dict of seams; the first entry is the
+    ``backends`` maps a name to a step function ``step(layer, inputs)`` returning a dict of
+    seams (``dsv41.backends.get(name).step``); the first entry is the
     baseline each other is compared with first.
     """
     results: dict[str, dict[str, object]] = {}
     for name, step in backends.items():
         sc = scenario.clone_caches()
-        seams = step(layer, *sc.step_args())
+        seams = step(layer, sc)
         results[name] = standard_seams(seams, layer, sc.positions)
     comparisons = []
     for base, tested in itertools.combinations(results, 2):

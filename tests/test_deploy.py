@@ -2,9 +2,9 @@
 
 import pytest
 
+from dsv41.backends import Platform, select
 from dsv41.common.geometry import Dims
 from dsv41.config import ConfigError, load_deploy_config
-from dsv41.layer import Platform, select_backend
 
 PLATFORMS = {"gb200": Platform("cuda", "sm100", False), "h200": Platform("cuda", "sm90", False),
              "mi355": Platform("rocm", "gfx950", False)}
@@ -14,7 +14,7 @@ PLATFORMS = {"gb200": Platform("cuda", "sm100", False), "h200": Platform("cuda",
 def test_shipped_deployments_load_and_match_their_platform(name):
     d = load_deploy_config(name)
     assert Dims.of(d.model, d.tp).heads * d.tp == 64
-    backend, _ = select_backend(PLATFORMS[name.split("-")[0]], d.tp, d.max_tokens)
+    backend, _ = select(PLATFORMS[name.split("-")[0]], d.tp, d.max_tokens)
     assert backend == d.backend  # what auto-selection would pick there anyway
     assert d.record_format == ("fp8_mx" if name.startswith("gb200") else "fp8_ds_mla")
 

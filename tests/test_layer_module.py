@@ -1,5 +1,6 @@
 """DSV41Attention: the module a server uses; forward equals the reference on CPU."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -40,7 +41,7 @@ def test_forward_equals_the_reference(backend):
     layer = DSV41Attention("tiny", 2, 0, 1, backend=backend)
     layer.weights.dummy_load(4)
     sc = make_scenario(layer.dims, 1, 3, seed=9)
-    ref = reference_step(layer.weights, *sc.clone_caches().step_args())
+    ref = reference_step(layer.weights, sc.clone_caches())
     y = layer(sc.x, sc.positions, _metadata(sc))
     assert y.dtype == torch.bfloat16 and y.shape == ref.y.shape
     assert ((y.float() - ref.y.float()).norm() / ref.y.float().norm()).item() < 1e-2
@@ -62,9 +63,9 @@ def test_forward_checks_the_arguments_once(monkeypatch):
 
     calls = []
 
-    def counted(*args):
-        calls.append(len(args))
-        return check_step_inputs(*args)
+    def counted(layer, inputs):
+        calls.append(inputs)
+        return check_step_inputs(layer, inputs)
 
     monkeypatch.setattr(dsv41.layer, "check_step_inputs", counted)
     monkeypatch.setattr(dsv41.nvidia.step, "check_step_inputs", counted)
@@ -74,6 +75,6 @@ def test_forward_checks_the_arguments_once(monkeypatch):
     layer(sc.x, sc.positions, _metadata(sc))
     assert len(calls) == 1
     with pytest.raises(ValueError, match="positions: expected"):
-        dsv41.nvidia.step.nvidia_step(layer.weights, sc.x, sc.positions[:1], sc.slot_mapping,
-                                      sc.key_table, sc.window_cache, sc.compressed_cache)
+        dsv41.nvidia.step.nvidia_step(layer.weights,
+                                      dataclasses.replace(sc, positions=sc.positions[:1]))
     assert len(calls) == 2

@@ -1,12 +1,12 @@
 """The parity job: seams compared pair by pair; a perturbed backend fails and is named."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from dsv41 import cli
-from dsv41 import layer as layer_mod
+from dsv41 import backends, cli
 from dsv41.common.geometry import Dims
 from dsv41.common.reference import reference_step
 from dsv41.common.scenario import make_scenario
@@ -14,15 +14,15 @@ from dsv41.common.weights import LayerWeights
 from dsv41.parity import compare, run_parity
 
 
-def _reference(layer, *args):
-    return vars(reference_step(layer, *args))
+def _reference(layer, inputs):
+    return vars(reference_step(layer, inputs))
 
 
 def _perturbed(seam, scale):
     """The reference with one seam multiplied by (1 + scale) after the fact."""
 
-    def step(layer, *args):
-        seams = _reference(layer, *args)
+    def step(layer, inputs):
+        seams = _reference(layer, inputs)
         seams[seam] = (seams[seam].float() * (1 + scale)).to(seams[seam].dtype)
         return seams
 
@@ -72,11 +72,15 @@ def test_nan_never_passes():
 
 
 def test_cli_exits_nonzero_and_names_the_seam(monkeypatch, tmp_path, capsys):
-    real = layer_mod._step_function
-    monkeypatch.setattr(
-        layer_mod, "_step_function", lambda name: _perturbed("qkv", 0.1) if name == "nvidia" else real(name)
-    )
-    monkeypatch.setattr(cli, "_available_backends", lambda tp, tokens, requested: ["nvidia"])
+    real = backends.get
+
+    def get(name):
+        if name == "nvidia":
+            return dataclasses.replace(real(name), step=_perturbed("qkv", 0.1))
+        return real(name)
+
+    monkeypatch.setattr(backends, "get", get)
+    monkeypatch.setattr(backends, "available", lambda tp, tokens, requested: ["nvidia"])
     out = tmp_path / "parity.json"
     rc = cli.main(["parity", "--config", "tiny", "--tp", "2", "--tokens", "2", "--json", str(out)])
     assert rc == 1

@@ -14,9 +14,10 @@ import dataclasses
 import torch
 
 from dsv41.common.fused_layout import permute_o_to_fused, permute_q_from_fused
-from dsv41.common.kv_cache import PagedKVCache, gather_keys
+from dsv41.common.kv_cache import gather_keys
 from dsv41.common.mx import dequantize_weight, mxfp8_dequantize, mxfp8_quantize
 from dsv41.common.rope import apply_inverse_rope, apply_rope, rope_tables
+from dsv41.common.step_inputs import StepInputs
 from dsv41.common.weights import LayerWeights
 
 
@@ -78,20 +79,10 @@ def attention_core(
     return o, lse
 
 
-def reference_step(
-    layer: LayerWeights,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    key_table: torch.Tensor,
-    window_cache: PagedKVCache,
-    compressed_cache: PagedKVCache | None = None,
-) -> Seams:
-    """One decode step of one rank; inserts the new records into ``window_cache`` at ``slot_mapping``.
-
-    ``x`` bf16 [M, hidden]; ``positions`` [M]; ``slot_mapping`` [M] window-cache
-    slots of the new tokens; ``key_table`` int32 [M, KEYS] (SPEC §4).
-    """
+def reference_step(layer: LayerWeights, inputs: StepInputs) -> Seams:
+    """One decode step of one rank; inserts the new records into ``window_cache`` at
+    ``slot_mapping`` (``StepInputs`` says what each input holds)."""
+    x, positions, window_cache = inputs.x, inputs.positions, inputs.window_cache
     dims, m = layer.dims, layer.dims.model
     n_tok = x.shape[0]
     cos, sin = rope_tables(m, layer.layer_id, x.device)
@@ -101,13 +92,13 @@ def reference_step(
     qr = rmsnorm(qkv[:, : m.q_rank], layer.q_norm, m.eps)
     kv = rmsnorm(qkv[:, m.q_rank :], layer.kv_norm, m.eps)
     kv = apply_rope(kv, positions, cos, sin, m.nope_dim)
-    window_cache.insert(slot_mapping, kv)
+    window_cache.insert(inputs.slot_mapping, kv)
 
     q_fused = mx_linear(mxfp8_quantize(qr), layer.wq_b, layer.wq_b_scale)
     q = permute_q_from_fused(q_fused, dims.heads, m.head_dim)
     q = apply_rope(q, positions, cos, sin, m.nope_dim)
 
-    keys, valid = gather_keys(key_table, window_cache, compressed_cache)
+    keys, valid = gather_keys(inputs.key_table, window_cache, inputs.compressed_cache)
     o, lse = attention_core(q, keys, valid, layer.attn_sink, m.softmax_scale)
     o = apply_inverse_rope(o, positions, cos, sin, m.nope_dim).to(torch.bfloat16)
 

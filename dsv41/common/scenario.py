@@ -15,39 +15,17 @@ import torch
 
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import PagedKVCache, build_key_table, window_slots
+from dsv41.common.step_inputs import StepInputs
 
 COMPRESSED_BLOCK = 64  # tokens a page of the compressed cache
 
 
-@dataclasses.dataclass
-class Scenario:
-    x: torch.Tensor  # bf16 [M, hidden]
-    positions: torch.Tensor  # int64 [M]
-    block_tables: torch.Tensor  # int32 [M, max_pages]
-    slot_mapping: torch.Tensor  # int64 [M]: window slot of each new token
-    topk: torch.Tensor | None  # int32 [M, TOPK] or None (window-only layer)
-    key_table: torch.Tensor  # int32 [M, KEYS]
-    window_cache: PagedKVCache
-    compressed_cache: PagedKVCache | None
+@dataclasses.dataclass(frozen=True)
+class Scenario(StepInputs):
+    """A step's inputs (what every step function takes) plus how its key table was built."""
 
-    def step_args(self) -> tuple:
-        """``(x, positions, slot_mapping, key_table, window_cache, compressed_cache)``: what every
-        backend's step takes after the layer."""
-        return (self.x, self.positions, self.slot_mapping, self.key_table, self.window_cache,
-                self.compressed_cache)
-
-    def clone_caches(self) -> Scenario:
-        """The same step with private copies of the caches (a step inserts into them)."""
-        out = dataclasses.replace(self)
-        out.window_cache = _clone(self.window_cache)
-        out.compressed_cache = None if self.compressed_cache is None else _clone(self.compressed_cache)
-        return out
-
-
-def _clone(cache: PagedKVCache) -> PagedKVCache:
-    copy = PagedKVCache.__new__(PagedKVCache)
-    copy.fmt, copy.block, copy.data = cache.fmt, cache.block, cache.data.clone()
-    return copy
+    block_tables: torch.Tensor | None = None  # int32 [M, max_pages]
+    topk: torch.Tensor | None = None  # int32 [M, TOPK] or None (window-only layer)
 
 
 def make_scenario(

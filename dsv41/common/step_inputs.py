@@ -1,12 +1,17 @@
-"""The arguments of a layer step (SPEC §4) as every backend takes them: the checks they share.
+"""The inputs of a layer step (SPEC §4) as every backend takes them: ``StepInputs``, and the
+checks they share.
 
-``check_step_inputs`` reads shapes, dtypes and devices only, never a value, so it
-costs no device sync and runs on every call. Value checks (positions in range,
-slots, key-table entries) sync, so backends run them behind a flag (mono's
-``validate``).
+Every step function of the project has the signature ``step(layer, inputs)``:
+the reference, each backend's step and forward, the mono launcher and its
+schedule executor. ``check_step_inputs`` reads shapes, dtypes and devices only,
+never a value, so it costs no device sync and runs on every call. Value checks
+(positions in range, slots, key-table entries) sync, so backends run them
+behind a flag (mono's ``validate``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -16,22 +21,51 @@ from dsv41.common.weights import LayerWeights
 INDEX_DTYPES = (torch.int32, torch.int64)  # positions and slot_mapping
 
 
-def check_step_inputs(
-    layer: LayerWeights,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    key_table: torch.Tensor,
-    window_cache: PagedKVCache,
-    compressed_cache: PagedKVCache | None,
-) -> int:
-    """Raise ``ValueError`` / ``TypeError`` naming the first bad argument; return M.
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+    """One decode step's tensors; a step inserts the new records into ``window_cache``."""
+
+    x: torch.Tensor  # bf16 [M, hidden]
+    positions: torch.Tensor  # int32 / int64 [M]
+    slot_mapping: torch.Tensor  # int32 / int64 [M]: window-cache slot of each new token's record
+    key_table: torch.Tensor  # int32 [M, KEYS]: slot | 1 << 31 compressed row, window slot, -1 none
+    window_cache: PagedKVCache
+    compressed_cache: PagedKVCache | None = None
+
+    @property
+    def tokens(self) -> int:
+        """M, the tokens of the step."""
+        return self.x.shape[0]
+
+    def clone_caches(self):
+        """The same step with private copies of the caches (a step inserts into them)."""
+        comp = self.compressed_cache
+        return dataclasses.replace(
+            self,
+            window_cache=clone_cache(self.window_cache),
+            compressed_cache=None if comp is None else clone_cache(comp),
+        )
+
+
+def clone_cache(cache: PagedKVCache) -> PagedKVCache:
+    """A copy of ``cache`` with its own storage."""
+    copy = PagedKVCache.__new__(PagedKVCache)
+    copy.fmt, copy.block, copy.data = cache.fmt, cache.block, cache.data.clone()
+    return copy
+
+
+def check_step_inputs(layer: LayerWeights, inputs: StepInputs) -> int:
+    """Raise ``ValueError`` / ``TypeError`` naming the first bad field; return M.
 
     ``x`` bf16 ``[M, hidden]`` with a unit stride along hidden; ``positions``,
     ``slot_mapping`` int32 or int64 ``[M]``; ``key_table`` int32 ``[M, KEYS]``;
     the caches ``PagedKVCache`` (the compressed one optional); all on the
     weights' device.
     """
+    x, positions, slot_mapping, key_table = (
+        inputs.x, inputs.positions, inputs.slot_mapping, inputs.key_table,
+    )  # fmt: skip
+    window_cache, compressed_cache = inputs.window_cache, inputs.compressed_cache
     hidden = layer.dims.model.hidden
     if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden:
         raise ValueError(f"x: expected bfloat16 [M, {hidden}], got {x.dtype} {list(x.shape)}")

@@ -32,7 +32,7 @@ import torch
 from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
-from dsv41.common.step_inputs import check_step_inputs
+from dsv41.common.step_inputs import StepInputs, check_step_inputs
 from dsv41.common.switches import env_flag
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
@@ -143,17 +143,13 @@ def z_cast_in_wo_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
 
 
 def launch_step(
-    layer: LayerWeights,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    key_table: torch.Tensor,
-    window_cache: PagedKVCache,
-    compressed_cache: PagedKVCache | None,
-    out: StepBuffers,
-    scratch: dict[str, Scratch],
+    layer: LayerWeights, inputs: StepInputs, out: StepBuffers, scratch: dict[str, Scratch]
 ) -> dict:
     """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
+    x, positions, slot_mapping, key_table = (
+        inputs.x, inputs.positions, inputs.slot_mapping, inputs.key_table,
+    )  # fmt: skip
+    window_cache, compressed_cache = inputs.window_cache, inputs.compressed_cache
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
     mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
@@ -228,17 +224,7 @@ def launch_step(
     }
 
 
-def nvidia_step(
-    layer: LayerWeights,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    key_table: torch.Tensor,
-    window_cache: PagedKVCache,
-    compressed_cache: PagedKVCache | None = None,
-    *,
-    check: bool = True,
-) -> dict:
+def nvidia_step(layer: LayerWeights, inputs: StepInputs, *, check: bool = True) -> dict:
     """One decode step of one rank; inserts the new records into ``window_cache``.
 
     Same arguments as ``reference_step``: ``x`` bf16 [M, hidden]; ``positions``
@@ -250,14 +236,15 @@ def nvidia_step(
     ``check=False`` skips the argument check, for a caller that has just made it.
     """
     if check:
-        check_step_inputs(
-            layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
-        )
-    out = StepBuffers.allocate(layer, x.shape[0], x.device)
+        check_step_inputs(layer, inputs)
+    out = StepBuffers.allocate(layer, inputs.tokens, inputs.x.device)
     scratch = {site: scratch_for(site) for site in GEMM_SITES}
-    return launch_step(
-        layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache, out, scratch
-    )
+    return launch_step(layer, inputs, out, scratch)
+
+
+def nvidia_forward(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
+    """The server path: ``nvidia_step``'s y, the inputs already checked by the caller."""
+    return nvidia_step(layer, inputs, check=False)["y"]
 
 
 class NvidiaStepRunner:
@@ -283,68 +270,55 @@ class NvidiaStepRunner:
         self.m = 0
         self.outputs: dict = {}
 
-    def load(self, x, positions, slot_mapping, key_table) -> int:
-        """Copy a step's inputs into the static buffers; returns M."""
-        m = x.shape[0]
+    def load(self, inputs: StepInputs) -> int:
+        """Copy a step's tensors into the static buffers; returns M."""
+        m = inputs.tokens
         if not 1 <= m <= self.max_tokens:
             raise ValueError(f"x: expected 1 <= M <= max_tokens = {self.max_tokens}, got {m}")
-        if key_table.shape[1] != self.key_table.shape[1]:
+        if inputs.key_table.shape[1] != self.key_table.shape[1]:
             raise ValueError(
-                f"key_table: expected [M, {self.key_table.shape[1]}], got {list(key_table.shape)}"
+                f"key_table: expected [M, {self.key_table.shape[1]}], "
+                f"got {list(inputs.key_table.shape)}"
             )
-        self.x[:m].copy_(x)
-        self.positions[:m].copy_(positions)
-        self.slot_mapping[:m].copy_(slot_mapping)
-        self.key_table[:m].copy_(key_table)
+        self.x[:m].copy_(inputs.x)
+        self.positions[:m].copy_(inputs.positions)
+        self.slot_mapping[:m].copy_(inputs.slot_mapping)
+        self.key_table[:m].copy_(inputs.key_table)
         return m
 
     def run(
         self, m: int, window_cache: PagedKVCache, compressed_cache: PagedKVCache | None
     ) -> dict:
         """Enqueue one step over the first ``m`` rows of the static inputs."""
-        return launch_step(
-            self.layer,
-            self.x[:m],
-            self.positions[:m],
-            self.slot_mapping[:m],
-            self.key_table[:m],
-            window_cache,
-            compressed_cache,
-            self.buffers.rows(m),
-            self.scratch,
-        )
+        inputs = StepInputs(
+            self.x[:m], self.positions[:m], self.slot_mapping[:m], self.key_table[:m],
+            window_cache, compressed_cache,
+        )  # fmt: skip
+        return launch_step(self.layer, inputs, self.buffers.rows(m), self.scratch)
 
-    def capture(
-        self,
-        x,
-        positions,
-        slot_mapping,
-        key_table,
-        window_cache: PagedKVCache,
-        compressed_cache: PagedKVCache | None = None,
-    ) -> dict:
+    def capture(self, inputs: StepInputs) -> dict:
         """Capture one step of these inputs' M in a CUDA graph; returns its fixed-address seams."""
-        check_step_inputs(
-            self.layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
-        )
-        self.m = self.load(x, positions, slot_mapping, key_table)
+        check_step_inputs(self.layer, inputs)
+        self.m = self.load(inputs)
+        caches = inputs.window_cache, inputs.compressed_cache
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self.run(self.m, window_cache, compressed_cache)  # compile, size the scratch
+            self.run(self.m, *caches)  # compile, size the scratch
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.outputs = self.run(self.m, window_cache, compressed_cache)
+            self.outputs = self.run(self.m, *caches)
         return self.outputs
 
-    def replay(self, x=None, positions=None, slot_mapping=None, key_table=None) -> dict:
-        """Replay the captured step, after copying new inputs of the captured M when given."""
+    def replay(self, inputs: StepInputs | None = None) -> dict:
+        """Replay the captured step, after copying new inputs of the captured M when given (their
+        caches must be the captured ones: the graph holds their addresses)."""
         if self.graph is None:
             raise RuntimeError("replay: nothing captured yet (call capture first)")
-        if x is not None:
-            if x.shape[0] != self.m:
-                raise ValueError(f"x: expected the captured M = {self.m} tokens, got {x.shape[0]}")
-            self.load(x, positions, slot_mapping, key_table)
+        if inputs is not None:
+            if inputs.tokens != self.m:
+                raise ValueError(f"x: expected the captured M = {self.m} tokens, got {inputs.tokens}")
+            self.load(inputs)
         self.graph.replay()
         return self.outputs

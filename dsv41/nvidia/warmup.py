@@ -38,7 +38,7 @@ class Variant:
 
 
 def _step(layer: LayerWeights, sc: Scenario) -> object:
-    return nvidia_step(layer, *sc.step_args())
+    return nvidia_step(layer, sc)
 
 
 def _o_proj(fused: bool) -> Callable[[LayerWeights, Scenario], object]:

@@ -44,8 +44,7 @@ def run_reference():
 
     def run(lw: LayerWeights, sc) -> Seams:
         sc = sc.clone_caches()
-        return reference_step(lw, sc.x, sc.positions, sc.slot_mapping, sc.key_table,
-                              sc.window_cache, sc.compressed_cache)
+        return reference_step(lw, sc)
 
     return run
 
@@ -56,8 +55,7 @@ def run_mono():
 
     def run(runner: MonoRunner, sc) -> dict:
         y = torch.empty_like(sc.x)
-        runner.launch(sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
-                      sc.compressed_cache, y)
+        runner.launch(sc, y)
         runner.check()
         return runner.seams(y)
 

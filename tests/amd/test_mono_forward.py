@@ -13,14 +13,14 @@ def test_forward_equals_the_step_and_reports_a_timeout_one_call_later(tiny_layer
     lw = tiny_layer(2, 1)
     sc = make_scenario(lw.dims, 1, 3, seed=21)
     ref = run_reference(lw, sc)
-    y = mono_forward(lw, *sc.clone_caches().step_args())
+    y = mono_forward(lw, sc.clone_caches())
     assert ((y.float() - ref.y.float()).norm() / ref.y.float().norm()).item() <= 1e-2
 
     runner = runner_for(lw, 3)
     runner.views["xrdy"][1, 0] = -5  # "every wqkv task" never reaches its count: norm times out
-    mono_forward(lw, *sc.clone_caches().step_args())  # returns; the error is on its way
+    mono_forward(lw, sc.clone_caches())  # returns; the error is on its way
     with pytest.raises(MonoError, match=r"norm task \(0,\) \(ticket \d+\) timed out"):
-        mono_forward(lw, *sc.clone_caches().step_args())
-    y = mono_forward(lw, *sc.clone_caches().step_args())  # scratch was reset: right again
+        mono_forward(lw, sc.clone_caches())
+    y = mono_forward(lw, sc.clone_caches())  # scratch was reset: right again
     assert torch.isfinite(y.float()).all()
     assert ((y.float() - ref.y.float()).norm() / ref.y.float().norm()).item() <= 1e-2

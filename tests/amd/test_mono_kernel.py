@@ -109,10 +109,7 @@ def _against_executor_and_reference(
     scratch = plan.new_scratch(epoch=5)
     cos, sin = rope_tables(lw.dims.model, layer_id)
     y_exec = torch.empty_like(sc.x)
-    ScheduleExecutor(plan, lw, cos, sin).run(
-        scratch, exec_sc.x, exec_sc.positions, exec_sc.slot_mapping, exec_sc.key_table,
-        exec_sc.window_cache, exec_sc.compressed_cache, y_exec,
-    )
+    ScheduleExecutor(plan, lw, cos, sin).run(scratch, exec_sc, y_exec)
     agree = region_agreement(plan, runner.scratch, scratch)
     for name in MAILBOXES + BIT_EXACT:
         assert agree[name] == 1.0, name
@@ -157,8 +154,7 @@ def test_task_trace_needs_a_gpu_and_its_shape(tiny_layer) -> None:
     lw = tiny_layer(4, 2)
     sc = make_scenario(lw.dims, lw.layer_id, 1, seed=3)
     runner = MonoRunner(lw, 1)
-    step = (sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
-            sc.compressed_cache, torch.empty_like(sc.x))
+    step = (sc, torch.empty_like(sc.x))
     trace = torch.zeros(runner.plan.total_tasks, 3, dtype=torch.int64)
     with pytest.raises(ValueError, match="trace: the task trace reads the NVIDIA global timer"):
         runner.launch(*step, trace=trace)

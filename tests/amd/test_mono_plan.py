@@ -144,10 +144,7 @@ def test_new_scratch_tags_previous_epoch(epoch: int) -> None:
 def _run_executor(plan: Plan, lw: LayerWeights, sc, scratch: torch.Tensor) -> dict:
     cos, sin = rope_tables(lw.dims.model, lw.layer_id)
     y = torch.empty_like(sc.x)
-    ScheduleExecutor(plan, lw, cos, sin).run(
-        scratch, sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache,
-        sc.compressed_cache, y,
-    )
+    ScheduleExecutor(plan, lw, cos, sin).run(scratch, sc, y)
     r = plan.views(scratch)
     d = plan.dims
     return {
@@ -163,8 +160,7 @@ def test_executor_matches_reference(tp: int, layer_id: int, tokens: int, tiny_la
     lw = tiny_layer(tp, layer_id)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     ref_sc, ex_sc = sc.clone_caches(), sc.clone_caches()
-    ref = reference_step(lw, ref_sc.x, ref_sc.positions, ref_sc.slot_mapping, ref_sc.key_table,
-                         ref_sc.window_cache, ref_sc.compressed_cache)
+    ref = reference_step(lw, ref_sc)
     plan = Plan(lw.dims, tokens)
     scratch = plan.new_scratch(epoch=7)
     got = parity(lw.dims, _run_executor(plan, lw, ex_sc, scratch), ref)

@@ -3,6 +3,8 @@ never cleared, the epoch wrapping, a timed-out hand-off reported, inputs validat
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -46,21 +48,20 @@ def test_timeout_raises_and_recovers(tiny_layer, run_mono, run_reference) -> Non
 def test_mono_step_validates(tiny_layer) -> None:
     lw = tiny_layer(2, 1)
     sc = make_scenario(lw.dims, 1, 2, seed=4)
-    args = (sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache)
     bad_table = sc.key_table.clone()
     bad_table[1, 0] = sc.window_cache.num_slots + 3
     with pytest.raises(MonoError, match=r"key_table\[1, 0\]: window slot \d+ is outside"):
-        mono_step(lw, *args[:3], bad_table, *args[4:], validate=True)
+        mono_step(lw, dataclasses.replace(sc, key_table=bad_table), validate=True)
     bad_slots = sc.slot_mapping.clone()
     bad_slots[0] = -2
     with pytest.raises(MonoError, match=r"slot_mapping: expected slots in \[0, \d+\) or -1"):
-        mono_step(lw, *args[:2], bad_slots, *args[3:], validate=True)
+        mono_step(lw, dataclasses.replace(sc, slot_mapping=bad_slots), validate=True)
     mx_cache = PagedKVCache(2, sc.window_cache.block, "fp8_mx")
     with pytest.raises(MonoError, match="window_cache: expected record format fp8_ds_mla, got"):
-        mono_step(lw, *args[:4], mx_cache, sc.compressed_cache, validate=True)
+        mono_step(lw, dataclasses.replace(sc, window_cache=mx_cache), validate=True)
     x49 = torch.zeros(49, lw.dims.model.hidden, dtype=torch.bfloat16)
     with pytest.raises(MonoError, match=r"x: expected 1 <= M <= 48 tokens, got 49"):
-        mono_step(lw, x49, *args[1:], validate=True)
+        mono_step(lw, dataclasses.replace(sc, x=x49), validate=True)
     with pytest.raises(ValueError, match=r"tokens: expected 1 <= tokens <= 48"):
         Plan(lw.dims, 49)
 
@@ -73,7 +74,6 @@ def test_layers_and_token_counts_share_one_scratch(tiny_layer, run_reference) ->
     for (lw, tokens), seed in zip(steps, (7, 8), strict=True):
         sc = make_scenario(lw.dims, lw.layer_id, tokens, seed=seed)
         work = sc.clone_caches()
-        seams = mono_step(lw, work.x, work.positions, work.slot_mapping, work.key_table,
-                          work.window_cache, work.compressed_cache, validate=True)
+        seams = mono_step(lw, work, validate=True)
         got = parity(lw.dims, seams, run_reference(lw, sc))
         assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got

@@ -90,8 +90,7 @@ def _run(tp: int, rank: int, layer_id: int, scenario) -> tuple[Seams, object]:
     layer = LayerWeights(Dims.of("tiny", tp), rank, layer_id)
     layer.dummy_load(SEED)
     sc = scenario.clone_caches()
-    seams = reference_step(layer, sc.x, sc.positions, sc.slot_mapping, sc.key_table,
-                           sc.window_cache, sc.compressed_cache)
+    seams = reference_step(layer, sc)
     return seams, sc
 
 

@@ -44,7 +44,7 @@ def _bad_cases(sc):
 
 
 def test_good_inputs_give_m(layer, scenario):
-    assert check_step_inputs(layer, *scenario.step_args()) == 3
+    assert check_step_inputs(layer, scenario) == 3
 
 
 @pytest.mark.parametrize("case", range(10))
@@ -55,9 +55,9 @@ def test_each_bad_argument_is_named_by_every_entry_point(layer, scenario, case):
     bad = dataclasses.replace(scenario, **{field: value})
     before = scenario.window_cache.data.clone()
     with pytest.raises((TypeError, ValueError), match=pattern):
-        check_step_inputs(layer, *bad.step_args())
+        check_step_inputs(layer, bad)
     with pytest.raises((TypeError, ValueError), match=pattern):
-        nvidia_step(layer, *bad.step_args())
+        nvidia_step(layer, bad)
     with pytest.raises(MonoError, match=pattern):
-        mono_step(layer, *bad.step_args(), validate=True)
+        mono_step(layer, bad, validate=True)
     assert torch.equal(scenario.window_cache.data, before)

@@ -232,8 +232,7 @@ def test_reference_step_on_loaded_weights_matches_standard_forward(ckpt_dir, ckp
     load_layer(ckpt_dir, lw)
     sc = make_scenario(dims, LAYER, 5, seed=11)
     ref_sc = sc.clone_caches()
-    seams = reference_step(lw, sc.x, sc.positions, sc.slot_mapping, sc.key_table,
-                           ref_sc.window_cache, ref_sc.compressed_cache)
+    seams = reference_step(lw, ref_sc)
     want = standard_forward(ckpt, dims, rank, sc.clone_caches())
     for seam in ("qkv", "qr", "kv", "q"):  # before any permuted reduction: exact
         assert torch.equal(getattr(seams, seam), want[seam]), seam

@@ -40,8 +40,7 @@ def _layer(tp: int, layer_id: int) -> LayerWeights:
 def _step(tp: int, layer_id: int, tokens: int, fmt: str):
     layer = _layer(tp, layer_id)
     sc = make_scenario(layer.dims, layer_id, tokens, fmt=fmt, seed=tokens, device="cuda")
-    caches = sc.window_cache, sc.compressed_cache
-    seams = reference_step(layer, sc.x, sc.positions, sc.slot_mapping, sc.key_table, *caches)
+    seams = reference_step(layer, sc)
     q_fused = mx_linear(mxfp8_quantize(seams.qr), layer.wq_b, layer.wq_b_scale)
     return layer, sc, seams, q_fused
 

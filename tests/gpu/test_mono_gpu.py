@@ -53,12 +53,8 @@ def _scenario(lw: LayerWeights, tokens: int, seed: int):
     return make_scenario(lw.dims, lw.layer_id, tokens, seed=seed, device=DEVICE)
 
 
-def _args(sc) -> tuple:
-    return (sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache)
-
-
 def _reference(lw: LayerWeights, sc):
-    return reference_step(lw, *_args(sc.clone_caches()))
+    return reference_step(lw, sc.clone_caches())
 
 
 class Parity:
@@ -97,8 +93,8 @@ def test_every_token_count_matches_reference(layers) -> None:
     for tokens in range(1, MAX_TOKENS + 1):
         sc = _scenario(lw, tokens, seed=tokens)
         ref_sc, work = sc.clone_caches(), sc.clone_caches()
-        ref = reference_step(lw, *_args(ref_sc))
-        seams = mono_step(lw, *_args(work), validate=True)
+        ref = reference_step(lw, ref_sc)
+        seams = mono_step(lw, work, validate=True)
         tally.step(lw, seams, ref, f"tokens={tokens}")
         # The inserted records: a kv value may round differently (sum order), nothing more.
         same = (work.window_cache.data == ref_sc.window_cache.data).float().mean().item()
@@ -111,7 +107,7 @@ def test_window_only_layer_matches_reference(layers) -> None:
     tally = Parity()
     for tokens in (1, 16, 48):
         sc = _scenario(lw, tokens, seed=100 + tokens)
-        seams = mono_step(lw, *_args(sc.clone_caches()), validate=True)
+        seams = mono_step(lw, sc.clone_caches(), validate=True)
         tally.step(lw, seams, _reference(lw, sc), f"window-only tokens={tokens}")
     tally.check_codes()
 
@@ -121,13 +117,11 @@ def test_scratch_matches_schedule_executor(layers) -> None:
     sc = _scenario(lw, 5, seed=7)
     runner = MonoRunner(lw, 5, epoch=3)
     y = torch.empty_like(sc.x)
-    runner.launch(*_args(sc.clone_caches()), y)
+    runner.launch(sc.clone_caches(), y)
     runner.check()
     scratch = runner.plan.new_scratch(DEVICE, epoch=3)
     y_exec = torch.empty_like(sc.x)
-    ScheduleExecutor(runner.plan, lw, runner.cos, runner.sin).run(
-        scratch, *_args(sc.clone_caches()), y_exec
-    )
+    ScheduleExecutor(runner.plan, lw, runner.cos, runner.sin).run(scratch, sc.clone_caches(), y_exec)
     agree = region_agreement(runner.plan, runner.scratch, scratch)
     for name in ("ctl", "xrdy", "qrdy", "srdy", "crdy", "ardy", "x8", "x8s"):
         assert agree[name] == 1.0, (name, agree)
@@ -139,13 +133,13 @@ def test_300_launches_bit_identical(layers) -> None:
     lw = layers[True]
     sc = _scenario(lw, 16, seed=3)
     runner = MonoRunner(lw, 16)
-    args = _args(sc.clone_caches())
+    args = sc.clone_caches()
     first = torch.empty_like(sc.x)
-    runner.launch(*args, first)
+    runner.launch(args, first)
     runner.check()
     y = torch.empty_like(sc.x)
     for i in range(300):
-        runner.launch(*args, y)
+        runner.launch(args, y)
         assert torch.equal(y, first), f"launch {i} differs"
     runner.check()
 
@@ -154,19 +148,19 @@ def test_graph_replay_1000_bit_identical(layers) -> None:
     lw = layers[True]
     sc = _scenario(lw, 8, seed=4)
     runner = MonoRunner(lw, 8)
-    args = _args(sc.clone_caches())
+    args = sc.clone_caches()
     y = torch.empty_like(sc.x)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile and warm up off the capture
-        runner.launch(*args, y)
+        runner.launch(args, y)
     torch.cuda.current_stream().wait_stream(side)
     runner.check()
     eager = y.clone()
     _assert_parity(lw, runner.seams(eager), _reference(lw, sc), "graph warm-up")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        runner.launch(*args, y)
+        runner.launch(args, y)
     epoch = runner.epoch
     for i in range(1000):
         y.zero_()
@@ -182,11 +176,11 @@ def test_epoch_near_wraparound(layers) -> None:
     ref = _reference(lw, sc)
     start = 2**31 - 2
     runner = MonoRunner(lw, 4, epoch=start)
-    args = _args(sc.clone_caches())
+    args = sc.clone_caches()
     first = None
     for step in range(5):  # tags 2^31 - 2, 2^31 - 1, -2^31, -2^31 + 1, -2^31 + 2
         y = torch.empty_like(sc.x)
-        runner.launch(*args, y)
+        runner.launch(args, y)
         runner.check()
         if first is None:
             first = y
@@ -201,10 +195,10 @@ def test_unfilled_mailbox_times_out(layers) -> None:
     runner = MonoRunner(lw, 2, spin_limit=20_000)
     runner.views["ardy"][0, 0] = -7  # "every woa task" never reaches its count
     y = torch.empty_like(sc.x)
-    runner.launch(*_args(sc.clone_caches()), y)
+    runner.launch(sc.clone_caches(), y)
     with pytest.raises(MonoError, match=r"wob task \(\d+,\) \(ticket \d+\) timed out"):
         runner.check()
-    runner.launch(*_args(sc.clone_caches()), y)  # the reset scratch works again
+    runner.launch(sc.clone_caches(), y)  # the reset scratch works again
     runner.check()
     _assert_parity(lw, runner.seams(y), _reference(lw, sc), "after a timeout")
 
@@ -214,11 +208,11 @@ def test_task_trace_records_every_task_and_changes_no_bit(layers) -> None:
     lw = layers[True]
     sc = _scenario(lw, 5, seed=21)
     runner = MonoRunner(lw, 5)
-    args = _args(sc.clone_caches())
+    args = sc.clone_caches()
     plain, traced = torch.empty_like(sc.x), torch.empty_like(sc.x)
-    runner.launch(*args, plain)
+    runner.launch(args, plain)
     trace = torch.full((runner.plan.total_tasks, 3), -1, dtype=torch.int64, device=DEVICE)
-    runner.launch(*_args(sc.clone_caches()), traced, trace=trace)
+    runner.launch(sc.clone_caches(), traced, trace=trace)
     torch.cuda.synchronize()
     runner.check()
     assert torch.equal(plain, traced)
@@ -226,4 +220,4 @@ def test_task_trace_records_every_task_and_changes_no_bit(layers) -> None:
     assert bool((start > 0).all()) and bool((end >= start).all())
     assert bool((program >= 0).all()) and bool((program < runner.programs).all())
     with pytest.raises(ValueError, match=r"trace: expected a contiguous int64 tensor of shape"):
-        runner.launch(*args, plain, trace=trace[:-1])
+        runner.launch(args, plain, trace=trace[:-1])

@@ -6,6 +6,7 @@ prefill size 512 through the same kernels; a CUDA graph replay
 of the step equals the eager step, bit for bit, also after new inputs.
 """
 
+import dataclasses
 import itertools
 
 import pytest
@@ -59,12 +60,8 @@ def test_step_matches_reference(layer):
         fmt = "fp8_ds_mla" if m % 2 else "fp8_mx"
         sc = make_scenario(layer.dims, LAYER_ID, m, fmt=fmt, seed=m, device=DEVICE)
         a, b = sc.clone_caches(), sc.clone_caches()
-        ref = reference_step(
-            layer, a.x, a.positions, a.slot_mapping, a.key_table, a.window_cache, a.compressed_cache
-        )
-        got = nvidia_step(
-            layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache, b.compressed_cache
-        )
+        ref = reference_step(layer, a)
+        got = nvidia_step(layer, b)
         assert rel(got["y"], ref.y) <= 1e-2, m
         assert rel(got["z"], ref.z.reshape(m, -1)) <= 1e-2, m
         assert rel(got["qkv"], ref.qkv) <= 1e-2 and (got["qkv"] == ref.qkv).float().mean() > 0.99, m
@@ -101,26 +98,11 @@ def test_graph_replay_equals_eager(layer, m):
     sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_ds_mla", seed=7 + m, device=DEVICE)
     graph_caches, eager_caches = sc.clone_caches(), sc.clone_caches()
     runner = NvidiaStepRunner(layer, max_tokens=64)
-    runner.capture(
-        sc.x,
-        sc.positions,
-        sc.slot_mapping,
-        sc.key_table,
-        graph_caches.window_cache,
-        graph_caches.compressed_cache,
-    )
+    runner.capture(graph_caches)
     for x in (sc.x, torch.randn_like(sc.x)):
-        got = runner.replay(x, sc.positions, sc.slot_mapping, sc.key_table)
+        got = runner.replay(dataclasses.replace(graph_caches, x=x))
         torch.cuda.synchronize()
-        want = nvidia_step(
-            layer,
-            x,
-            sc.positions,
-            sc.slot_mapping,
-            sc.key_table,
-            eager_caches.window_cache,
-            eager_caches.compressed_cache,
-        )
+        want = nvidia_step(layer, dataclasses.replace(eager_caches, x=x))
         for name in ("qkv", "kv", "q", "lse", "z", "y"):
             assert torch.equal(got[name], want[name]), name
         assert torch.equal(got["xo"][0].view(torch.uint8), want["xo"][0].view(torch.uint8))
@@ -136,15 +118,13 @@ def test_gemm_trace_stamps_every_program(layer):
 
     sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=5, device=DEVICE)
     a, b = sc.clone_caches(), sc.clone_caches()
-    want = nvidia_step(layer, a.x, a.positions, a.slot_mapping, a.key_table, a.window_cache,
-                       a.compressed_cache)  # fmt: skip
+    want = nvidia_step(layer, a)
     traces = {s: torch.zeros(1 << 14, TRACE_FIELDS, dtype=torch.int64, device=DEVICE)
               for s in GEMM_SITES}  # fmt: skip
     try:
         for site, t in traces.items():
             scratch_for(site).trace = t
-        got = nvidia_step(layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache,
-                          b.compressed_cache)  # fmt: skip
+        got = nvidia_step(layer, b)
         torch.cuda.synchronize()
     finally:
         for site in GEMM_SITES:
@@ -172,12 +152,10 @@ def test_attention_trace_stamps_every_program(layer, tokens):
 
     sc = make_scenario(layer.dims, LAYER_ID, tokens, fmt="fp8_ds_mla", seed=6, device=DEVICE)
     a, b = sc.clone_caches(), sc.clone_caches()
-    want = nvidia_step(layer, a.x, a.positions, a.slot_mapping, a.key_table, a.window_cache,
-                       a.compressed_cache)  # fmt: skip
+    want = nvidia_step(layer, a)
     attn.trace_buffer = torch.zeros(1 << 12, attn.TRACE_FIELDS, dtype=torch.int64, device=DEVICE)
     try:
-        got = nvidia_step(layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache,
-                          b.compressed_cache)  # fmt: skip
+        got = nvidia_step(layer, b)
         torch.cuda.synchronize()
         t = attn.trace_buffer.cpu()
     finally:

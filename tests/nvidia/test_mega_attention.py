@@ -51,15 +51,7 @@ def _step(tp: int, layer_id: int, tokens: int, fmt: str, seed: int = 0):
     """A reference step: its seams, the fused q the kernel reads, the caches after the insert."""
     layer = _layer(tp, layer_id)
     sc = make_scenario(layer.dims, layer_id, tokens, fmt=fmt, seed=seed).clone_caches()
-    seams = reference_step(
-        layer,
-        sc.x,
-        sc.positions,
-        sc.slot_mapping,
-        sc.key_table,
-        sc.window_cache,
-        sc.compressed_cache,
-    )
+    seams = reference_step(layer, sc)
     q_fused = mx_linear(mxfp8_quantize(seams.qr), layer.wq_b, layer.wq_b_scale)
     return layer, sc, seams, q_fused
 

@@ -9,6 +9,8 @@ and out-of-cache entries to the key table. M = 48 runs once (fp8_mx), the
 smaller M with both record formats.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -40,12 +42,8 @@ def layer() -> LayerWeights:
 
 def run_both(layer, sc):
     a, b = sc.clone_caches(), sc.clone_caches()
-    ref = reference_step(
-        layer, a.x, a.positions, a.slot_mapping, a.key_table, a.window_cache, a.compressed_cache
-    )
-    got = nvidia_step(
-        layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache, b.compressed_cache
-    )
+    ref = reference_step(layer, a)
+    got = nvidia_step(layer, b)
     return ref, got, a.window_cache, b.window_cache
 
 
@@ -123,7 +121,7 @@ def test_none_and_out_of_cache_entries_are_no_key(layer, fmt):
     # A compressed row past its cache: slot | 1 << 31, as int32 bits.
     table[1, -1] = (sc.compressed_cache.num_slots + 2) - COMPRESSED_FLAG
     table[2, 2] = sc.window_cache.num_slots  # the first slot past the cache
-    sc.key_table = table
+    sc = dataclasses.replace(sc, key_table=table)
     check_seams(layer, *run_both(layer, sc))
 
 
@@ -132,16 +130,15 @@ def test_runner_writes_preallocated_buffers(layer):
     sc = make_scenario(layer.dims, LAYER_ID, 2, fmt="fp8_mx", seed=4)
     runner = NvidiaStepRunner(layer, max_tokens=4)
     a, b = sc.clone_caches(), sc.clone_caches()
-    m = runner.load(a.x, a.positions, a.slot_mapping, a.key_table)
+    m = runner.load(a)
     got = runner.run(m, a.window_cache, a.compressed_cache)
-    want = nvidia_step(
-        layer, b.x, b.positions, b.slot_mapping, b.key_table, b.window_cache, b.compressed_cache
-    )
+    want = nvidia_step(layer, b)
     assert got["y"].data_ptr() == runner.buffers.y.data_ptr()
     for name in ("qkv", "q", "z", "y"):
         assert torch.equal(got[name], want[name]), name
     with pytest.raises(ValueError, match="max_tokens"):
-        runner.load(torch.zeros(5, layer.dims.model.hidden, dtype=torch.bfloat16), *(None,) * 3)
+        runner.load(dataclasses.replace(sc, x=torch.zeros(5, layer.dims.model.hidden,
+                                                          dtype=torch.bfloat16)))
 
 
 def test_warmup_runs_each_entry_point_for_a_bucket(layer):
@@ -153,14 +150,13 @@ def test_warmup_runs_each_entry_point_for_a_bucket(layer):
 
 def test_bad_inputs_name_the_argument(layer):
     sc = make_scenario(layer.dims, LAYER_ID, 2, seed=0)
-    args = [sc.x, sc.positions, sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache]
-    for i, name, bad in [
-        (0, "x", sc.x.float()),
-        (3, "key_table", sc.key_table.long()),
-        (1, "positions", sc.positions[:1]),
+    for name, bad in [
+        ("x", sc.x.float()),
+        ("key_table", sc.key_table.long()),
+        ("positions", sc.positions[:1]),
     ]:
         with pytest.raises(ValueError, match=name):
-            nvidia_step(layer, *args[:i], bad, *args[i + 1 :])
+            nvidia_step(layer, dataclasses.replace(sc, **{name: bad}))
 
 
 def test_norm_in_wq_b_follows_the_cuda_core_loop_and_its_switch(layer, monkeypatch):

@@ -29,9 +29,10 @@ from dsv41.amd.mono.plan import (
 )
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK, permute_o_to_fused, permute_q_from_fused
 from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
-from dsv41.common.kv_cache import PagedKVCache, gather_keys
+from dsv41.common.kv_cache import gather_keys
 from dsv41.common.mx import MX_BLOCK, dequantize_weight, mxfp8_dequantize, mxfp8_quantize
 from dsv41.common.reference import rmsnorm
+from dsv41.common.step_inputs import StepInputs
 from dsv41.common.weights import LayerWeights
 
 
@@ -46,25 +47,15 @@ class ScheduleExecutor:
         self.plan, self.layer, self.cos, self.sin = plan, layer, cos, sin
         self.m = plan.dims.model
 
-    def run(
-        self,
-        scratch: torch.Tensor,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        key_table: torch.Tensor,
-        window_cache: PagedKVCache,
-        compressed_cache: PagedKVCache | None,
-        y: torch.Tensor,
-    ) -> None:
+    def run(self, scratch: torch.Tensor, inputs: StepInputs, y: torch.Tensor) -> None:
         """One step: every ticket in order, then the last finisher's epoch advance."""
         p = self.plan
         self.r = p.views(scratch)
         self.epoch = int(self.r["ctl"][CTL_EPOCH])
-        self.x, self.positions, self.slot_mapping = x, positions.long(), slot_mapping.long()
-        self.key_table, self.window_cache, self.compressed_cache, self.y = (
-            key_table, window_cache, compressed_cache, y,
-        )
+        self.x, self.positions = inputs.x, inputs.positions.long()
+        self.slot_mapping, self.key_table = inputs.slot_mapping.long(), inputs.key_table
+        self.window_cache, self.compressed_cache = inputs.window_cache, inputs.compressed_cache
+        self.y = y
         for name in STAGES:
             task = getattr(self, f"_{name}")
             for i in range(p.stage(name).tasks):

@@ -38,9 +38,9 @@ import torch
 from dsv41.amd.mono.kernel import mono_kernel
 from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, MAX_TOKENS, Plan
 from dsv41.common.fused_layout import permute_q_from_fused
-from dsv41.common.kv_cache import FP8_DS_MLA, PagedKVCache, validate_key_table
+from dsv41.common.kv_cache import FP8_DS_MLA, validate_key_table
 from dsv41.common.rope import rope_tables
-from dsv41.common.step_inputs import check_step_inputs
+from dsv41.common.step_inputs import StepInputs, check_step_inputs
 from dsv41.common.switches import env_int
 from dsv41.common.weights import LayerWeights
 
@@ -120,15 +120,7 @@ class MonoRunner:
         self.plan.reset_control(self.scratch, epoch)
 
     def launch(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        key_table: torch.Tensor,
-        window_cache: PagedKVCache,
-        compressed_cache: PagedKVCache | None,
-        y: torch.Tensor,
-        trace: torch.Tensor | None = None,
+        self, inputs: StepInputs, y: torch.Tensor, trace: torch.Tensor | None = None
     ) -> None:
         """One launch writing ``y``; no host sync and no checks (graph-capturable).
 
@@ -136,6 +128,7 @@ class MonoRunner:
         ``(start ns, end ns, program)`` (``benchmarks/mono_trace.py`` reads it).
         """
         p, m, lw, v = self.plan, self.layer.dims.model, self.layer, self.views
+        window_cache, compressed_cache = inputs.window_cache, inputs.compressed_cache
         if trace is not None:
             want = (p.total_tasks, 3)
             if _interpreted() or trace.device.type != "cuda" or torch.version.hip is not None:
@@ -152,7 +145,8 @@ class MonoRunner:
             v["ctl"], v["x8"], v["x8s"], v["xrdy"], v["qkvp"], v["qx8"], v["qx8s"], v["qrdy"],
             v["q"], v["part"], v["pstat"], v["srdy"], v["xo"], v["xos"], v["crdy"], v["x8b"],
             v["x8bs"], v["ardy"], v["z"], v["woap"], v["wrdy"],
-            x, positions, slot_mapping, key_table, window_cache.data, comp.data, y,
+            inputs.x, inputs.positions, inputs.slot_mapping, inputs.key_table,
+            window_cache.data, comp.data, y,
             y if trace is None else trace,
             lw.wqkv, lw.wqkv_scale, lw.q_norm, lw.kv_norm, lw.wq_b, lw.wq_b_scale, lw.wo_a,
             lw.wo_a_scale, lw.wo_b, lw.wo_b_scale, lw.attn_sink, self.cos, self.sin,
@@ -225,21 +219,16 @@ def runner_for(layer: LayerWeights, tokens: int) -> MonoRunner:
     return per_layer[tokens]
 
 
-def validate_inputs(
-    layer: LayerWeights,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    key_table: torch.Tensor,
-    window_cache: PagedKVCache,
-    compressed_cache: PagedKVCache | None,
-) -> None:
+def validate_inputs(layer: LayerWeights, inputs: StepInputs) -> None:
     """SPEC §4 checks: shapes, dtypes, record format, positions, slots and key-table entries."""
+    x, positions, slot_mapping, key_table = (
+        inputs.x, inputs.positions, inputs.slot_mapping, inputs.key_table,
+    )  # fmt: skip
+    window_cache, compressed_cache = inputs.window_cache, inputs.compressed_cache
     if x.dim() == 2 and not 1 <= x.shape[0] <= MAX_TOKENS:  # the scratch's limit, first
         raise MonoError(f"x: expected 1 <= M <= {MAX_TOKENS} tokens, got {x.shape[0]}")
     try:
-        check_step_inputs(layer, x, positions, slot_mapping, key_table, window_cache,
-                          compressed_cache)  # fmt: skip
+        check_step_inputs(layer, inputs)
     except (TypeError, ValueError) as e:
         raise MonoError(str(e)) from None
     m = layer.dims.model
@@ -267,15 +256,7 @@ def validate_inputs(
         raise MonoError(str(e)) from None
 
 
-def mono_forward(
-    layer: LayerWeights,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    key_table: torch.Tensor,
-    window_cache: PagedKVCache,
-    compressed_cache: PagedKVCache | None = None,
-) -> torch.Tensor:
+def mono_forward(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
     """The server path of ``mono_step``: one launch, no host sync, no seam copies; returns y.
 
     A timeout in an earlier launch of the same runner is raised (``MonoError``,
@@ -284,40 +265,36 @@ def mono_forward(
     it one call later instead of costing a device sync on every layer step.
     ``mono_step`` checks synchronously.
     """
-    runner = runner_for(layer, x.shape[0])
+    runner = runner_for(layer, inputs.tokens)
     runner.raise_reported()
-    y = torch.empty_like(x)
-    runner.launch(x, positions, slot_mapping, key_table, window_cache, compressed_cache, y)
+    y = torch.empty_like(inputs.x)
+    runner.launch(inputs, y)
     runner.report_async()
     return y
 
 
+def mono_launch(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
+    """One launch of the cached runner returning y: no checks, no error report, no host sync
+    (graph-capturable; what the bench times)."""
+    y = torch.empty_like(inputs.x)
+    runner_for(layer, inputs.tokens).launch(inputs, y)
+    return y
+
+
 def mono_step(
-    layer: LayerWeights,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    key_table: torch.Tensor,
-    window_cache: PagedKVCache,
-    compressed_cache: PagedKVCache | None = None,
-    *,
-    validate: bool = False,
+    layer: LayerWeights, inputs: StepInputs, *, validate: bool = False
 ) -> dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
     """One decode step of one rank in one launch; inserts the new records into ``window_cache``.
 
-    ``layer``: the rank's weights (tp 2 or 4); ``x`` bf16 [M, hidden], M <= 48;
-    ``positions`` int64 [M]; ``slot_mapping`` int64 [M]: the new tokens' window
-    slots (-1, or any slot outside the cache, stores nothing); ``key_table`` int32 [M, KEYS]
-    (``slot | 1 << 31`` compressed row, window slot, -1 none; entries outside
-    their cache count as none); caches in the fp8_ds_mla format. Returns the
-    seams of the module docstring.
+    ``layer``: the rank's weights (tp 2 or 4); ``inputs`` as ``reference_step``
+    takes them, M <= 48, caches in the fp8_ds_mla format; a slot_mapping entry
+    of -1, or any slot outside the cache, stores nothing; key-table entries
+    outside their cache count as none. Returns the seams of the module docstring.
     """
     if validate:
-        validate_inputs(
-            layer, x, positions, slot_mapping, key_table, window_cache, compressed_cache
-        )
-    runner = runner_for(layer, x.shape[0])
-    y = torch.empty_like(x)
-    runner.launch(x, positions, slot_mapping, key_table, window_cache, compressed_cache, y)
+        validate_inputs(layer, inputs)
+    runner = runner_for(layer, inputs.tokens)
+    y = torch.empty_like(inputs.x)
+    runner.launch(inputs, y)
     runner.check()
     return runner.seams(y)
