@@ -44,7 +44,7 @@ def graph_us(run, calls: int = 1, replays: int = 20) -> float:
 def attention_sweep(dims: Dims, tokens: list[int]) -> None:
     from dsv41.common.rope import rope_tables
     from dsv41.nvidia.ops.mega_attention import KEY_BLOCK, attention_splits, mega_attention
-    from dsv41.nvidia.ops.mx_gemm import bucket_for, sm_count
+    from dsv41.nvidia.ops.launch import bucket_for, sm_count
 
     model = dims.model
     cos, sin = rope_tables(model, 1, torch.device("cuda"))
@@ -319,7 +319,8 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, n_layers:
 
 def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
     from dsv41.common.mx import E4M3
-    from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, gemm_config, mx_gemm, sm_count
+    from dsv41.nvidia.ops.launch import sm_count
+    from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, gemm_config, mx_gemm
     from dsv41.nvidia.step import gemm_shapes
 
     sites = gemm_shapes(dims)

@@ -2,7 +2,7 @@
 
 ``dsv41 parity`` (the main job) runs the same weights and inputs through every
 backend this machine has plus the reference and compares them seam by seam;
-``dsv41 plan`` prints a rank's geometry and task counts; ``dsv41 reference``
+``dsv41 plan`` prints a rank's geometry and a backend's tuning; ``dsv41 reference``
 runs one reference step and prints each seam; ``dsv41 checkpoint synth|inspect``
 writes and validates checkpoints.
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import torch
 
+from dsv41.common import switches
+
 if not torch.cuda.is_available():
-    # Kernels run in the Triton interpreter here; it must be chosen before triton decorates them.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    switches.use_interpreter_without_gpu()  # before triton decorates the kernels
 
 from dsv41.config import ConfigError
 from dsv41.parity import DEFAULT_CODE_AGREEMENT, DEFAULT_REL_TOL
@@ -37,12 +37,28 @@ def cmd_plan(args) -> int:
         ("model", m.name), ("tp", dims.tp), ("tokens", args.tokens),
         ("heads", dims.heads), ("head_tiles", dims.head_tiles), ("groups", dims.groups),
         ("group_k", dims.group_k), ("q_rows", dims.q_rows), ("o_rows", dims.o_rows),
-        ("wqb_tasks", dims.wqb_tasks), ("woa_tasks", dims.woa_tasks), ("wob_tasks", dims.wob_tasks),
         ("keys", m.keys),
-    ]
+    ]  # fmt: skip
     for rank in range(dims.tp):
         h, g = dims.head_range(rank), dims.group_range(rank)
         rows.append((f"rank {rank}", f"heads {h.start}..{h.stop - 1}, groups {g.start}..{g.stop - 1}"))
+    if args.backend == "nvidia":
+        from dsv41.nvidia.tuning import tuning_for
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        where = "this GPU" if device.type == "cuda" else "the CPU interpreter (no PDL, no L2)"
+        rows.append(("nvidia", f"the step's launches as tuned for {where}"))
+        rows += tuning_for(dims, device, args.tokens).rows()
+    elif args.backend == "mono":
+        from dsv41.amd.mono.plan import Plan
+
+        plan = Plan(dims, args.tokens)
+        rows.append(("mono", f"{plan.total_tasks} tasks in {len(plan.stages)} stages, "
+                             f"scratch {plan.scratch_bytes} B"))  # fmt: skip
+        rows += [(f"stage {st.name}", f"{st.tasks} tasks (tickets {st.first}..{st.end - 1})")
+                 for st in plan.stages]  # fmt: skip
+        rows += plan.tuning.rows()
+        rows.append(("tiling", ", ".join(f"{k} {v}" for k, v in plan.tiling.items())))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -162,8 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="us per layer step of backends vs the floor and the reference (GPU); "
                              "dsv41 bench --help for its options")
 
-    sp = sub.add_parser("plan", help="print a rank's geometry and task counts")
+    sp = sub.add_parser("plan", help="print a rank's geometry and a backend's launch choices")
     geometry_args(sp)
+    sp.add_argument("--backend", choices=["nvidia", "mono"],
+                    help="also print this backend's tuning (mono: its stages and task counts)")
     sp.set_defaults(func=cmd_plan)
 
     ck = sub.add_parser("checkpoint", help="write or validate checkpoints").add_subparsers(

@@ -8,9 +8,26 @@ from dsv41 import cli
 def test_plan_prints_the_rank_geometry(capsys):
     assert cli.main(["plan", "--config", "dsv41-flash", "--tp", "4", "--tokens", "1"]) == 0
     out = capsys.readouterr().out
-    for line in ("heads       16", "group_k     4096", "wqb_tasks   512", "wob_tasks   320",
-                 "rank 3      heads 48..63, groups 6..7"):
+    for line in ("heads       16", "group_k     4096", "rank 3      heads 48..63, groups 6..7"):
         assert line in out
+
+
+def test_plan_prints_mono_stages_and_task_counts(capsys):
+    """dsv41-flash, tp 4: 512 wq_b tasks of 16 rows, 64 wo_a row blocks in 4 K parts (256
+    tasks), 320 wo_b tasks of 16 rows; the tuning the plan was built from."""
+    assert cli.main(["plan", "--config", "dsv41-flash", "--tp", "4", "--tokens", "1",
+                     "--backend", "mono"]) == 0  # fmt: skip
+    out = {line.split("  ")[0].strip(): line for line in capsys.readouterr().out.splitlines()}
+    assert "512 tasks" in out["stage wqb"] and "256 tasks" in out["stage woa"]
+    assert "320 tasks" in out["stage wob"] and "woa_parts" in out and "num_warps" in out
+
+
+def test_plan_prints_the_nvidia_tuning(capsys):
+    assert cli.main(["plan", "--config", "dsv41-flash", "--tp", "4", "--tokens", "1",
+                     "--backend", "nvidia"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "norm_in_wq_b    True" in out and "z_cast_in_wo_b  True" in out
+    assert "wqkv            cuda-core" in out and "attention       splits" in out
 
 
 def test_plan_refuses_a_tp_that_splits_a_group(capsys):

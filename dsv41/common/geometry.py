@@ -13,9 +13,6 @@ from dsv41.config import ModelConfig, load_model_config
 
 TP_SIZES = (1, 2, 4, 8)
 HEAD_TILE = 16  # heads one attention program covers
-WQB_TASK_ROWS = 16  # rows of a mono wq_b task
-WOA_TASK_ROWS = 32  # rows of a mono wo_a task
-WOB_TASK_ROWS = 16  # rows of a mono wo_b task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,21 +64,6 @@ class Dims:
     def o_rows(self) -> int:
         """Rows of this rank's wo_a: groups * o_rank (2048)."""
         return self.groups * self.model.o_rank
-
-    @property
-    def wqb_tasks(self) -> int:
-        """Mono wq_b tasks of 16 rows: q_rows / 16 (512)."""
-        return self.q_rows // WQB_TASK_ROWS
-
-    @property
-    def woa_tasks(self) -> int:
-        """Mono wo_a tasks of 32 rows: o_rows / 32 (64)."""
-        return self.o_rows // WOA_TASK_ROWS
-
-    @property
-    def wob_tasks(self) -> int:
-        """Mono wo_b tasks of 16 rows: hidden / 16 (320)."""
-        return self.model.hidden // WOB_TASK_ROWS
 
     def head_range(self, rank: int) -> range:
         """Global indices of the heads rank ``rank`` holds."""

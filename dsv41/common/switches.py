@@ -1,4 +1,4 @@
-"""The ``DSV41_*`` environment switches of the A/B runs (README, "Switches"): one reader.
+"""The environment switches (``docs/tuning.md`` lists them): the one module that reads them.
 
 A switch is a non-negative integer; a value that is not one, or that its check
 refuses, is an error naming the variable, what it takes and what it got.
@@ -35,3 +35,15 @@ def interpreting() -> bool:
 def backend_override() -> str | None:
     """``$DSV41_BACKEND``: the backend every layer built with ``backend="auto"`` takes, if set."""
     return os.environ.get("DSV41_BACKEND") or None
+
+
+def pdl() -> bool | None:
+    """``$DSV41_PDL``: programmatic dependent launch between the nvidia kernels forced on (1)
+    or off (0) at every token count, for A/B runs; None: the tuning decides."""
+    return env_flag("DSV41_PDL", None)
+
+
+def use_interpreter_without_gpu() -> None:
+    """Run Triton kernels in the interpreter unless told otherwise (the CLI on a CPU-only
+    machine); must happen before triton decorates them."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")

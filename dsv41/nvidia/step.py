@@ -5,17 +5,18 @@
 3. ``mx_gemm`` (A_MX): ``q = qr8 @ Wq_b^T``, already in the fused Q layout (wq_b's rows are).
    In the CUDA-core token buckets (M <= 2) wq_b normalises qr in its own prologue (A_NORM)
    and launch 2 (its kv half only) runs beside it on a side stream, joined before attention,
-   so the norm kernel is off the step's critical path (``DSV41_NORM_IN_WQB=0``: the chain
-   above). There wq_b's programs ask the L2 for the records attention reads next before
-   their PDL wait (``wq_b_prefetches``), which makes attention's early key reads L2 hits; the
-   norm kernel can do the same after its stores (``DSV41_NORM_PREFETCH=1``; off by default:
-   slower on the H200);
+   so the norm kernel is off the step's critical path (``Tuning.norm_in_wq_b``). There wq_b's
+   programs ask the L2 for the records attention reads next before their PDL wait, which
+   makes attention's early key reads L2 hits;
 4. ``mega_attention``: q RoPE, attention over the key table, sink, inverse RoPE, MXFP8 ->
    ``xo`` in the fused O layout;
 5. ``mx_gemm`` grouped (A_MX, QUANT_OUT): ``z = xo @ Wo_a^T`` per group and ``z8 = mxfp8(z)``;
 6. ``mx_gemm`` (A_MX): ``y = z8 @ Wo_b^T``, this rank's bf16 partial. At one token z is cast
    in wo_b's prologue instead (A_CAST, which stores z8), so wo_a takes whole rows
-   (``z_cast_in_wo_b``).
+   (``Tuning.z_cast_in_wo_b``).
+
+Every choice above (tiles, splits, PDL) is in the step's ``Tuning`` (``dsv41/nvidia/tuning.py``),
+resolved once for the GPU, the tp share and the token bucket and passed to every launch.
 
 Every launch takes device tensors only, so a step is capturable in one CUDA
 graph: ``NvidiaStepRunner`` holds the inputs and outputs at fixed addresses,
@@ -33,36 +34,14 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.mx import E4M3, MX_BLOCK
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import StepInputs, check_step_inputs
-from dsv41.common.switches import env_flag
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.mega_attention import attention_splits, mega_attention
-from dsv41.nvidia.ops.mx_gemm import (
-    NormInput,
-    Scratch,
-    bucket_for,
-    gemm_config,
-    mx_gemm,
-    scratch_for,
-    sm_count,
-)
+from dsv41.nvidia.ops.mega_attention import attention_tuning, mega_attention
+from dsv41.nvidia.ops.mx_gemm import NormInput, Scratch, mx_gemm, scratch_for
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
 from dsv41.nvidia.ops.record_prefetch import RecordsAhead
+from dsv41.nvidia.tuning import GEMM_SITES, Tuning, tuning_for
 
 STEP_SEAMS = ("qkv", "kv", "q", "xo", "lse", "z", "z8", "y")
-GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
-
-
-def gemm_shapes(dims) -> dict[str, tuple[int, int, int | None, bool]]:
-    """Per GEMM site of a rank: ``(N, K, N per group or None, MXFP8 out)`` as ``mx_gemm`` runs it."""
-    m = dims.model
-    return {
-        "wqkv": (m.qkv_rows, m.hidden, None, False),  # 1792 x 5120
-        "wq_b": (dims.q_rows, m.q_rank, None, False),  # heads * 512 x 1280
-        "wo_a": (dims.o_rows, dims.group_k, m.o_rank, True),  # grouped, z re-quantized
-        "wo_b": (m.hidden, dims.o_rows, None, False),
-    }
-
-
 @dataclasses.dataclass
 class StepBuffers:
     """Outputs of the GEMM-side launches for up to ``rows`` tokens (attention allocates its own)."""
@@ -104,91 +83,61 @@ class StepBuffers:
         return StepBuffers(**{f.name: head(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
-Z_CAST_IN_WOB = True  # DSV41_Z_CAST_IN_WOB overrides it
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
-    """Whether the step of ``m`` tokens normalises qr in wq_b's prologue: its wq_b runs the
-    CUDA-core loop, and ``DSV41_NORM_IN_WQB`` (1 or 0) is not 0."""
-    if not env_flag("DSV41_NORM_IN_WQB", True):
-        return False
-    n, k, _, _ = gemm_shapes(layer.dims)["wq_b"]
-    return gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sm_count(device)).gemv
-
-
-def wq_b_prefetches() -> bool:
-    """Whether wq_b's programs ask the L2 for attention's records before their PDL wait, where
-    wq_b normalises qr itself (the one- and two-token CUDA-core loop; GPU only):
-    ``DSV41_WQB_PREFETCH`` (1 or 0), on by default. H200, session 18, us a step on against off
-    in the same call: tp 4, M = 1 25.3 / 25.3 / 25.3 against 25.7 / 25.9 / 25.7, M = 2 40.2 /
-    40.3 / 40.2 against 40.8 / 40.6 / 40.8; tp 2, M = 1 37.3 against 37.6, M = 2 65.0 against
-    64.7."""
-    return env_flag("DSV41_WQB_PREFETCH", True)
-
-
-def z_cast_in_wo_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
-    """Whether the step of ``m`` tokens casts z to MXFP8 in wo_b's prologue (which stores z8)
-    instead of wo_a's epilogue: where that lets wo_a's CUDA-core loop take whole rows (an
-    MXFP8 epilogue needs 32-row tiles, so split K), wo_b runs the CUDA-core loop too, and
-    ``DSV41_Z_CAST_IN_WOB`` (1 or 0) is not 0."""
-    if not env_flag("DSV41_Z_CAST_IN_WOB", Z_CAST_IN_WOB):
-        return False
-    sms, shapes = sm_count(device), gemm_shapes(layer.dims)
-    n, k, npg, _ = shapes["wo_a"]
-    wo_a = gemm_config(m, n, k, n_per_group=npg, quant_out=False, sms=sms)
-    n, k, _, _ = shapes["wo_b"]
-    wo_b = gemm_config(m, n, k, n_per_group=n, quant_out=False, sms=sms)
-    return wo_a.gemv and wo_a.split_k == 1 and wo_b.gemv
-
-
 def launch_step(
-    layer: LayerWeights, inputs: StepInputs, out: StepBuffers, scratch: dict[str, Scratch]
+    layer: LayerWeights,
+    inputs: StepInputs,
+    out: StepBuffers,
+    scratch: dict[str, Scratch],
+    tuning: Tuning | None = None,
 ) -> dict:
-    """Enqueue one step into ``out`` (rows = M); returns the seams (views, no sync)."""
+    """Enqueue one step into ``out`` (rows = M) as ``tuning`` says (None: ``tuning_for`` its
+    M); returns the seams (views, no sync)."""
     x, positions, slot_mapping, key_table = (
         inputs.x, inputs.positions, inputs.slot_mapping, inputs.key_table,
     )  # fmt: skip
     window_cache, compressed_cache = inputs.window_cache, inputs.compressed_cache
+    t = tuning or tuning_for(layer.dims, x.device, x.shape[0])
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
-    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"])
+    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"], config=t.wqkv,
+            pdl=t.pdl)  # fmt: skip
 
-    def norm(qr8, prefetch=None) -> None:
+    def norm(qr8) -> None:
         norm_rope_insert(
             out.qkv, layer.q_norm, layer.kv_norm, positions, slot_mapping, window_cache, cos, sin,
-            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=qr8, prefetch=prefetch,
+            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=qr8, pdl=t.pdl,
         )  # fmt: skip
 
     side = None  # the side stream the norm kernel ran on, if any
-    if norm_in_wq_b(layer, x.shape[0], x.device):  # the norm kernel's kv half only
+    if t.norm_in_wq_b:  # the norm kernel's kv half only
         main = None
         if x.is_cuda:
             main = torch.cuda.current_stream(x.device)
             if x.device not in _SIDE_STREAMS:
                 _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
             side = _SIDE_STREAMS[x.device]
-        if side is not None:  # attention starts when it ends: it asks the L2 for the records
+        if side is not None:  # attention starts when it ends
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                norm(None, prefetch=(key_table, compressed_cache))
+                norm(None)
         else:
             norm(None)
         qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
-        ahead = None  # attention's records, which wq_b's programs ask the L2 for
-        if wq_b_prefetches():
-            ahead = RecordsAhead(key_table, window_cache, compressed_cache)
+        ahead = RecordsAhead(key_table, window_cache, compressed_cache)  # for wq_b's programs
         mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                records=ahead)  # fmt: skip
+                records=ahead, config=t.wq_b, pdl=t.pdl)  # fmt: skip
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
     else:
         norm(out.qr8)
-        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"])
-    # Splits from the token bucket, not M, so a warmed-up bucket has every variant compiled.
-    splits, _ = attention_splits(
-        bucket_for(x.shape[0]), layer.dims.heads, key_table.shape[1], sm_count(x.device)
-    )
+        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
+                config=t.wq_b, pdl=t.pdl)  # fmt: skip
+    attention = t.attention
+    if key_table.shape[1] != model.keys:  # a key table of another width: split it as it is
+        attention = attention_tuning(t.bucket, layer.dims.heads, key_table.shape[1], t.sms)
     xo, xo_codes, lse = mega_attention(
         out.q,
         positions,
@@ -200,18 +149,22 @@ def launch_step(
         sin,
         softmax_scale=model.softmax_scale,
         heads_per_group=model.heads_per_group,
-        splits=splits,
         records_ready=side is not None,  # the insert joined by an event, not a PDL edge
+        tuning=attention,
+        pdl=t.pdl,
     )
-    if z_cast_in_wo_b(layer, x.shape[0], x.device):
+    if t.z_cast_in_wo_b:
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
+                n_per_group=model.o_rank, scratch=scratch["wo_a"], config=t.wo_a,
+                pdl=t.pdl)  # fmt: skip
         mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,
-                scratch=scratch["wo_b"])  # fmt: skip
+                scratch=scratch["wo_b"], config=t.wo_b, pdl=t.pdl)  # fmt: skip
     else:
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"])  # fmt: skip
-        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"])
+                n_per_group=model.o_rank, scratch=scratch["wo_a"], config=t.wo_a,
+                pdl=t.pdl)  # fmt: skip
+        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"],
+                config=t.wo_b, pdl=t.pdl)  # fmt: skip
     return {
         "qkv": out.qkv,
         "kv": out.kv,
@@ -224,7 +177,9 @@ def launch_step(
     }
 
 
-def nvidia_step(layer: LayerWeights, inputs: StepInputs, *, check: bool = True) -> dict:
+def nvidia_step(
+    layer: LayerWeights, inputs: StepInputs, *, check: bool = True, tuning: Tuning | None = None
+) -> dict:
     """One decode step of one rank; inserts the new records into ``window_cache``.
 
     Same arguments as ``reference_step``: ``x`` bf16 [M, hidden]; ``positions``
@@ -233,13 +188,14 @@ def nvidia_step(layer: LayerWeights, inputs: StepInputs, *, check: bool = True) 
     slot otherwise, -1 or out-of-cache = none). Returns the seams
     ``qkv, kv, q`` (fused, before RoPE), ``xo`` (values, codes; fused O layout),
     ``lse, z, z8`` (values, codes) and ``y`` (this rank's bf16 partial).
-    ``check=False`` skips the argument check, for a caller that has just made it.
+    ``check=False`` skips the argument check, for a caller that has just made it;
+    ``tuning`` (None: ``tuning_for`` its M) says how each launch runs.
     """
     if check:
         check_step_inputs(layer, inputs)
     out = StepBuffers.allocate(layer, inputs.tokens, inputs.x.device)
     scratch = {site: scratch_for(site) for site in GEMM_SITES}
-    return launch_step(layer, inputs, out, scratch)
+    return launch_step(layer, inputs, out, scratch, tuning)
 
 
 def nvidia_forward(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:

@@ -19,7 +19,8 @@ import torch
 
 from dsv41.common.scenario import Scenario, make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.mx_gemm import M_BUCKETS, mx_gemm, scratch_for
+from dsv41.nvidia.ops.launch import M_BUCKETS
+from dsv41.nvidia.ops.mx_gemm import mx_gemm, scratch_for
 from dsv41.nvidia.ops.o_proj import can_fuse_wo_a, wo_a_from_o
 from dsv41.nvidia.step import nvidia_step
 

@@ -17,9 +17,19 @@ import inspect
 import pytest
 
 from dsv41.amd.mono import kernel as kernel_module
-from dsv41.amd.mono.plan import COMBINE_PARTS, K_HALVES, MAX_TOKENS, WQKV_TASK_ROWS, Plan, k_block
+from dsv41.amd.mono.plan import (
+    COMBINE_PARTS,
+    K_HALVES,
+    MAX_TOKENS,
+    WOA_TASK_ROWS,
+    WOB_TASK_ROWS,
+    WQB_TASK_ROWS,
+    WQKV_TASK_ROWS,
+    Plan,
+)
+from dsv41.amd.mono.tuning import k_block
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
-from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS, Dims
+from dsv41.common.geometry import HEAD_TILE, Dims
 from dsv41.common.mx import MX_BLOCK
 
 LINE = 128  # bytes of a cache line: the unit a load may bring into L1
@@ -87,14 +97,14 @@ class Model:
         """The count each mailbox's last arrival brings (the kernel's ``_arrive`` calls)."""
         p, d, m = self.p, self.d, self.m
         xq_tasks = p.stage("xq").tasks
-        out = {("qrdy", 0): p.tokens, ("ardy", 0): d.woa_tasks}
+        out = {("qrdy", 0): p.tokens, ("ardy", 0): p.woa_blocks}
         if p.woa_parts > 1:
-            out |= {("wrdy", b): p.woa_parts for b in range(d.woa_tasks)}
+            out |= {("wrdy", b): p.woa_parts for b in range(p.woa_blocks)}
         if self.split_x_ready:
             out |= {("xrdy", h): xq_tasks // K_HALVES for h in range(K_HALVES)}
             out[("xrdy", K_HALVES)] = K_HALVES * p.wqkv_tiles
         else:
-            out[("xrdy", 0)] = m.hidden // k_block(m.hidden // K_HALVES, p.tokens)
+            out[("xrdy", 0)] = m.hidden // k_block(m.hidden // K_HALVES, p.tuning.gemv_block)
             assert out[("xrdy", 0)] == xq_tasks
             out[("xrdy", 1)] = K_HALVES * p.wqkv_tiles
         for t in range(p.head_tiles):

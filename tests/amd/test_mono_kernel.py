@@ -10,6 +10,7 @@ from dsv41.amd.mono.checks import parity, region_agreement
 from dsv41.amd.mono.executor import ScheduleExecutor
 from dsv41.amd.mono.launcher import MonoRunner
 from dsv41.amd.mono.plan import CTL_EPOCH
+from dsv41.amd.mono.tuning import resolve
 from dsv41.common.rope import rope_tables
 from dsv41.common.scenario import make_scenario
 
@@ -24,9 +25,9 @@ LONG_SUMS = ("z", "woap")
 @pytest.mark.parametrize(
     "tp, layer_id, tokens, hidden, cores, woa_parts, words",
     # both shares, all three layer kinds, S = 1, 7, 48; hidden 512: x in 4 xq blocks; the GEMV
-    # blocks on tensor cores, and on CUDA cores (DSV41_MONO_GEMV_CORES) at S = 1 and 7, at S = 1
-    # and 3 (4 token rows, one dead) also on weights held as words (DSV41_MONO_GEMV_WORDS); wo_a
-    # in 1, 2 and 4 K parts (DSV41_MONO_WOA_PARTS)
+    # blocks on tensor cores, and on CUDA cores (Tuning.gemv_cores) at S = 1 and 7, at S = 1
+    # and 3 (4 token rows, one dead) also on weights held as words (Tuning.gemv_words); wo_a
+    # in 1, 2 and 4 K parts (Tuning.woa_parts)
     [(4, 1, 1, 512, False, 4, False), (2, 2, 7, 256, False, 1, False),
      (4, 0, 48, 256, False, 4, False), (4, 1, 1, 512, True, 4, False),
      (2, 2, 7, 256, True, 2, False), (4, 1, 1, 512, True, 4, True), (2, 2, 1, 256, True, 2, True),
@@ -34,51 +35,45 @@ LONG_SUMS = ("z", "woap")
 )
 def test_kernel_matches_executor_and_reference(
     tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, woa_parts: int, words: bool,
-    tiny_layer, run_mono, run_reference, monkeypatch,
+    tiny_layer, run_mono, run_reference,
 ) -> None:
-    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
-    monkeypatch.setenv("DSV41_MONO_WOA_PARTS", str(woa_parts))
-    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", str(int(words)))
+    tuning = {"gemv_cores": cores, "woa_parts": woa_parts, "gemv_words": words}
     _against_executor_and_reference(tp, layer_id, tokens, hidden, tiny_layer, run_mono,
-                                    run_reference)  # fmt: skip
+                                    run_reference, tuning)  # fmt: skip
 
 
 @pytest.mark.parametrize("tp, layer_id, pairs", [(4, 1, True), (2, 2, True), (4, 1, False)])
 def test_pairs_match_executor_and_reference(
-    tp: int, layer_id: int, pairs: bool, tiny_layer, run_mono, run_reference, monkeypatch
+    tp: int, layer_id: int, pairs: bool, tiny_layer, run_mono, run_reference
 ) -> None:
-    """One token's wq_b and wo_b tasks two at once (DSV41_MONO_PAIRS, on by default) or one at
+    """One token's wq_b and wo_b tasks two at once (Tuning.gemv_pairs, on by default) or one at
     a time. The interpreter runs one program at a time, so each such task's next ticket is the
     next task of its stage; a next ticket held over to another stage happens on the GPU
     (tests/gpu/test_mono_gpu.py)."""
-    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "1")
-    monkeypatch.setenv("DSV41_MONO_PAIRS", str(int(pairs)))
     runner = _against_executor_and_reference(tp, layer_id, 1, 256, tiny_layer, run_mono,
-                                             run_reference)  # fmt: skip
+                                             run_reference, {"gemv_pairs": pairs})  # fmt: skip
     assert runner.plan.tiling["GEMV_PAIRS"] == pairs and runner.plan.tiling["GEMV_WORDS"]
 
 
 @pytest.mark.parametrize("tp, layer_id, tokens", [(4, 1, 7), (2, 0, 48)])
 def test_mma_split_matches_executor_and_reference(
-    tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference, monkeypatch
+    tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference
 ) -> None:
-    """Tensor-core GEMV blocks cut into 4 K segments (DSV41_MONO_MMA_SPLIT)."""
-    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "0")
-    monkeypatch.setenv("DSV41_MONO_MMA_SPLIT", "4")
+    """Tensor-core GEMV blocks cut into 4 K segments (Tuning.mma_split)."""
+    tuning = {"gemv_cores": False, "mma_split": 4}
     runner = _against_executor_and_reference(tp, layer_id, tokens, 256, tiny_layer, run_mono,
-                                             run_reference)  # fmt: skip
+                                             run_reference, tuning)  # fmt: skip
     assert runner.plan.tiling["MMA_SPLIT"] == 4
 
 
 @pytest.mark.parametrize("tp, layer_id, tokens", [(4, 1, 1), (2, 2, 7)])
 def test_key_slices_match_executor_and_reference(
-    tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference, monkeypatch
+    tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference
 ) -> None:
-    """Attention tasks in two slices of 16 keys (DSV41_MONO_KEY_SLICE): the online softmax
+    """Attention tasks in two slices of 16 keys (Tuning.key_slice): the online softmax
     across slices, which the tiny geometry's one 32-key slice a chunk never runs."""
-    monkeypatch.setenv("DSV41_MONO_KEY_SLICE", "16")
     runner = _against_executor_and_reference(tp, layer_id, tokens, 256, tiny_layer, run_mono,
-                                             run_reference)  # fmt: skip
+                                             run_reference, {"key_slice": 16})  # fmt: skip
     assert (runner.plan.key_chunk, runner.plan.key_slice) == (32, 16)
 
 
@@ -94,15 +89,15 @@ def test_two_head_tiles_match_executor_and_reference(tokens: int, tiny_layer, ru
 
 def _against_executor_and_reference(
     tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference,
-    **layer,
+    tuning: dict | None = None, **layer,
 ) -> MonoRunner:
     """Every scratch region of one launch against the schedule executor's, y against the
-    reference (the switches as the caller set them; ``layer``: more of ``tiny_layer``'s
-    arguments)."""
+    reference (``tuning``: Tuning fields changed from the measured ones; ``layer``: more of
+    ``tiny_layer``'s arguments)."""
     lw = tiny_layer(tp, layer_id, hidden, **layer)
     sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
     kernel_sc, exec_sc = sc.clone_caches(), sc.clone_caches()
-    runner = MonoRunner(lw, tokens, epoch=5)
+    runner = MonoRunner(lw, tokens, epoch=5, tuning=resolve(lw.dims, tokens, **(tuning or {})))
     seams = run_mono(runner, kernel_sc)
 
     plan = runner.plan
@@ -135,15 +130,14 @@ def _against_executor_and_reference(
 @pytest.mark.parametrize("tokens, cores, words", [(1, True, False), (1, True, True),
                                                  (5, False, False)])
 def test_partial_last_k_block(tokens: int, cores: bool, words: bool, tiny_layer, run_mono,
-                              run_reference, monkeypatch) -> None:
+                              run_reference) -> None:
     """q_rank 160: wq_b's K runs in one block of 256 whose last 96 columns are masked (at the
     flash geometry 1280 runs in 512, 512, 256), on CUDA cores (weights as values or as words)
     and on tensor cores."""
-    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", str(tokens if cores else 0))
-    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", str(int(words)))
     lw = tiny_layer(4, 1, q_rank=160)
     sc = make_scenario(lw.dims, 1, tokens, seed=11)
-    runner = MonoRunner(lw, tokens)
+    tuning = resolve(lw.dims, tokens, gemv_cores=cores, gemv_words=words)
+    runner = MonoRunner(lw, tokens, tuning=tuning)
     assert runner.plan.tiling["BK_QR"] == 256 and runner.plan.tiling["GEMV_WORDS"] == words
     got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
     assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got

@@ -18,12 +18,23 @@ from dsv41.amd.mono.plan import (
     COMBINE_PARTS,
     CTL_EPOCH,
     FRONT,
-    KEY_SLICE,
     MAX_TOKENS,
     REGION_ALIGN,
     SCRATCH_ALIGN,
     STAGES,
     Plan,
+)
+from dsv41.amd.mono.tuning import (
+    CORES_TOKENS,
+    FEW_TOKENS,
+    GEMV_BLOCK,
+    GEMV_BLOCK_FEW,
+    KEY_SLICE,
+    NUM_WARPS,
+    WOA_K_PARTS,
+    k_block,
+    resolve,
+    tail_k_block,
 )
 from dsv41.common.fused_layout import permute_q_from_fused, permute_q_to_fused
 from dsv41.common.geometry import Dims
@@ -52,10 +63,9 @@ def test_scratch_layout(model: str, tp: int, tokens: int) -> None:
         assert r.view(scratch).shape == r.shape
 
 
-def test_flash_tp4_counts(monkeypatch) -> None:
-    for name in ("DSV41_MONO_GEMV_BLOCK", "DSV41_MONO_WOA_PARTS", "DSV41_MONO_KEY_CHUNK"):
-        monkeypatch.delenv(name, raising=False)  # the defaults
+def test_flash_tp4_counts() -> None:
     plan = Plan(Dims.of("dsv41-flash", 4), 48)
+    assert (plan.wqb_tasks, plan.woa_blocks, plan.wob_tasks) == (512, 64, 320)
     tasks = {s.name: s.tasks for s in plan.stages}
     assert tasks == {
         "xq": 20, "wqkv": 224, "norm": 48, "wqb": 512, "attn": 480, "combine": 192,
@@ -89,7 +99,7 @@ def test_task_tables_cover_each_unit_once(tp: int) -> None:
     assert coords("combine") == [
         (s, t, c) for s in range(7) for t in range(plan.head_tiles) for c in range(COMBINE_PARTS)
     ]
-    assert coords("woa") == [(b, k) for b in range(d.woa_tasks) for k in range(plan.woa_parts)]
+    assert coords("woa") == [(b, k) for b in range(plan.woa_blocks) for k in range(plan.woa_parts)]
     # wq_b task i writes fused rows 16 i ..: exactly chunk i // heads of head i % heads.
     fused = permute_q_to_fused(torch.arange(d.q_rows).view(d.heads, d.model.head_dim))
     for i, (c, h) in enumerate(coords("wqb")):
@@ -192,127 +202,77 @@ def test_mono_never_imports_the_nvidia_backend() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
-def test_gemv_block_by_tokens_and_override_is_checked(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import FEW_TOKENS, GEMV_BLOCK, GEMV_BLOCK_FEW, k_block
-
-    monkeypatch.delenv("DSV41_MONO_GEMV_BLOCK", raising=False)
-    assert k_block(4096, 48) == GEMV_BLOCK and k_block(96, 48) == 32  # largest power of two
-    assert k_block(4096, FEW_TOKENS) == GEMV_BLOCK_FEW and k_block(4096, FEW_TOKENS + 1) == 256
-    assert k_block(2560, 1) == 512 and Plan(Dims.of("dsv41-flash", 4), 1).xq_blocks == 5
-    monkeypatch.setenv("DSV41_MONO_GEMV_BLOCK", "256")
-    assert k_block(4096, 1) == 256 and k_block(1280, 1) == 256 and k_block(640, 48) == 128
-    for bad in ("100", "2048", "x", "16"):
-        monkeypatch.setenv("DSV41_MONO_GEMV_BLOCK", bad)
-        with pytest.raises(ValueError, match="DSV41_MONO_GEMV_BLOCK: expected a power of two"):
-            k_block(4096, 1)
+def test_gemv_block_by_tokens() -> None:
+    """K blocks of 512 up to FEW_TOKENS tokens, 256 above, the largest power of two dividing K
+    at most; a plan built with another block takes it."""
+    flash = Dims.of("dsv41-flash", 4)
+    assert resolve(flash, FEW_TOKENS).gemv_block == GEMV_BLOCK_FEW == 512
+    assert resolve(flash, FEW_TOKENS + 1).gemv_block == GEMV_BLOCK == 256
+    assert k_block(4096, 256) == 256 and k_block(96, 256) == 32 and k_block(2560, 512) == 512
+    assert tail_k_block(1280, 512) == 512 and tail_k_block(160, 512) == 256
+    assert Plan(flash, 1).xq_blocks == 5 and Plan(flash, 48).xq_blocks == 10
+    plan = Plan(flash, 1, tuning=resolve(flash, 1, gemv_block=256))
+    assert plan.xq_blocks == 10 and plan.tiling["BK_QR"] == 256
 
 
-def test_gemv_cores_switch_is_checked(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import CORES_TOKENS, gemv_on_cores
-
-    monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
-    assert gemv_on_cores(1) and gemv_on_cores(CORES_TOKENS) and not gemv_on_cores(CORES_TOKENS + 1)
-    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "0")
-    assert not gemv_on_cores(1)
-    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "4")
-    assert gemv_on_cores(1) and gemv_on_cores(4) and not gemv_on_cores(5)
-    for bad in ("-1", "49", "x"):
-        monkeypatch.setenv("DSV41_MONO_GEMV_CORES", bad)
-        with pytest.raises(ValueError, match="DSV41_MONO_GEMV_CORES: expected a token count"):
-            gemv_on_cores(1)
-
-
-def test_gemv_words_only_on_cuda_cores(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import CORES_TOKENS, gemv_words
-
-    monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
-    monkeypatch.delenv("DSV41_MONO_GEMV_WORDS", raising=False)
-    assert gemv_words(1) and gemv_words(CORES_TOKENS) and not gemv_words(CORES_TOKENS + 1)
-    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "0")
-    assert not gemv_words(1)
-    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "1")
-    monkeypatch.setenv("DSV41_MONO_GEMV_CORES", "0")  # one token on tensor cores: no words
-    assert not gemv_words(1)
-    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "yes")
-    with pytest.raises(ValueError, match="DSV41_MONO_GEMV_WORDS: expected 0 or 1, got 'yes'"):
-        gemv_words(1)
+def test_cuda_cores_words_and_pairs_follow_the_token_count() -> None:
+    """Up to CORES_TOKENS tokens the GEMV blocks run on CUDA cores with weight words; pairs at
+    one token only; a tensor-core tuning turns words, pairs and the one-segment split off."""
+    dims = Dims.of("dsv41-flash", 4)
+    for tokens in (1, CORES_TOKENS, CORES_TOKENS + 1, 48):
+        t = resolve(dims, tokens)
+        cores = tokens <= CORES_TOKENS
+        assert (t.gemv_cores, t.gemv_words, t.gemv_pairs) == (cores, cores, tokens == 1), t
+        assert t.mma_split == (1 if cores else None)
+    tensor = resolve(dims, 1, gemv_cores=False)
+    assert not (tensor.gemv_words or tensor.gemv_pairs) and tensor.mma_split is None
+    assert not resolve(dims, 1, gemv_words=False).gemv_pairs
+    assert not resolve(dims, 1, gemv_pairs=False).gemv_pairs
+    for bad in ({"gemv_words": True, "gemv_cores": False, "gemv_pairs": False},
+                {"gemv_pairs": True, "gemv_words": False}):  # fmt: skip
+        with pytest.raises(ValueError, match="mono Tuning.gemv_(words|pairs): expected False"):
+            resolve(dims, 1, **bad)
 
 
-def test_gemv_pairs_only_with_weight_words(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import gemv_pairs
-
-    monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
-    monkeypatch.delenv("DSV41_MONO_GEMV_WORDS", raising=False)
-    monkeypatch.delenv("DSV41_MONO_PAIRS", raising=False)
-    assert gemv_pairs(1) and not gemv_pairs(2)  # on by default, one token only
-    monkeypatch.setenv("DSV41_MONO_PAIRS", "0")
-    assert not gemv_pairs(1)
-    monkeypatch.setenv("DSV41_MONO_PAIRS", "1")
-    monkeypatch.setenv("DSV41_MONO_GEMV_WORDS", "0")  # no words: no pairs
-    assert not gemv_pairs(1)
-    monkeypatch.setenv("DSV41_MONO_PAIRS", "2")
-    with pytest.raises(ValueError, match="DSV41_MONO_PAIRS: expected 0 or 1, got '2'"):
-        gemv_pairs(1)
-
-
-def test_mma_split_is_checked(monkeypatch) -> None:
-    from dsv41.amd.mono.plan import mma_split
-
-    monkeypatch.delenv("DSV41_MONO_GEMV_CORES", raising=False)
-    monkeypatch.delenv("DSV41_MONO_MMA_SPLIT", raising=False)
-    assert mma_split(16) is None and mma_split(1) == 1  # the plan picks; CUDA cores: 1
+def test_mma_split_by_tokens_and_k_blocks() -> None:
     flash, tiny = Dims.of("dsv41-flash", 4), Dims.of("tiny", 4)
     # flash: K blocks of 512 (8 segments of 64) up to 16 tokens, none cut above; tiny: wo_b's
     # K block of 64 takes 4 segments of 16
     assert [Plan(flash, s).tiling["MMA_SPLIT"] for s in (5, 16, 17, 48)] == [8, 8, 1, 1]
     assert Plan(tiny, 16).tiling["MMA_SPLIT"] == 4
-    monkeypatch.setenv("DSV41_MONO_MMA_SPLIT", "8")
-    assert mma_split(16) == 8 and mma_split(1) == 1  # one token runs on CUDA cores
-    assert Plan(Dims.of("dsv41-flash", 4), 48).tiling["MMA_SPLIT"] == 8
-    with pytest.raises(ValueError, match=r"DSV41_MONO_MMA_SPLIT: expected K segments of >= 16"):
-        Plan(Dims.of("tiny", 4), 48).tiling  # noqa: B018 (a K block of 64 in 8 segments)
-    monkeypatch.setenv("DSV41_MONO_MMA_SPLIT", "3")
-    with pytest.raises(ValueError, match="DSV41_MONO_MMA_SPLIT: expected 1, 2, 4 or 8, got '3'"):
-        mma_split(16)
+    assert Plan(flash, 48, tuning=resolve(flash, 48, mma_split=8)).tiling["MMA_SPLIT"] == 8
+    with pytest.raises(ValueError, match=r"mono Tuning.mma_split: expected K segments of >= 16"):
+        Plan(tiny, 48, tuning=resolve(tiny, 48, mma_split=8)).tiling  # noqa: B018
+    with pytest.raises(ValueError, match="mono Tuning.mma_split: expected None, 1, 2, 4 or 8"):
+        resolve(flash, 16, mma_split=3)
 
 
-def test_key_slice_switch_is_checked(monkeypatch) -> None:
+def test_key_slice_and_chunk() -> None:
     dims = Dims.of("dsv41-flash", 4)
-    monkeypatch.delenv("DSV41_MONO_KEY_CHUNK", raising=False)
-    monkeypatch.delenv("DSV41_MONO_KEY_SLICE", raising=False)
-    assert Plan(dims, 1).key_slice == KEY_SLICE
-    monkeypatch.setenv("DSV41_MONO_KEY_SLICE", "16")
-    assert Plan(dims, 1).key_slice == 16
-    monkeypatch.setenv("DSV41_MONO_KEY_SLICE", "128")  # at most the chunk
-    assert Plan(dims, 1).key_slice == Plan(dims, 1).key_chunk == 64
-    for bad in ("8", "24", "x"):
-        monkeypatch.setenv("DSV41_MONO_KEY_SLICE", bad)
-        with pytest.raises(ValueError, match="DSV41_MONO_KEY_SLICE: expected a power of two >= 16"):
-            _ = Plan(dims, 1).key_slice
+    assert Plan(dims, 1).key_slice == KEY_SLICE and Plan(dims, 1).key_chunk == 64
+    assert Plan(dims, 1, tuning=resolve(dims, 1, key_slice=16)).key_slice == 16
+    at_most_chunk = Plan(dims, 1, tuning=resolve(dims, 1, key_slice=128))
+    assert at_most_chunk.key_slice == at_most_chunk.key_chunk == 64
+    for bad in (8, 24):
+        with pytest.raises(ValueError, match="mono Tuning.key_slice: expected a power of two >= 16"):
+            resolve(dims, 1, key_slice=bad)
 
 
-def test_woa_parts_are_checked(monkeypatch) -> None:
+def test_woa_parts_are_checked() -> None:
     dims = Dims.of("dsv41-flash", 4)
-    monkeypatch.setenv("DSV41_MONO_WOA_PARTS", "2")
-    assert Plan(dims, 1).woa_parts == 2 and Plan(dims, 1, woa_parts=8).woa_parts == 8
-    assert Plan(dims, 1, woa_parts=1).stage("woa").tasks == dims.woa_tasks
-    for bad in ("3", "16"):
-        monkeypatch.setenv("DSV41_MONO_WOA_PARTS", bad)
-        with pytest.raises(ValueError, match=f"woa_parts: expected 1, 2, 4 or 8 .*got {bad}"):
-            Plan(dims, 1)
-    monkeypatch.setenv("DSV41_MONO_WOA_PARTS", "x")
-    with pytest.raises(ValueError, match="DSV41_MONO_WOA_PARTS: expected a part count"):
-        Plan(dims, 1)
+    assert Plan(dims, 1).woa_parts == WOA_K_PARTS
+    assert Plan(dims, 1, tuning=resolve(dims, 1, woa_parts=2)).woa_parts == 2
+    assert Plan(dims, 1, woa_parts=1).stage("woa").tasks == Plan(dims, 1).woa_blocks
+    for bad in (3, 16):
+        with pytest.raises(ValueError, match=f"mono Tuning.woa_parts: expected 1, 2, 4 or 8, got {bad}"):
+            resolve(dims, 1, woa_parts=bad)
+    with pytest.raises(ValueError, match="woa_parts: expected 1, 2, 4 or 8 parts"):
+        Plan(dims, 1, woa_parts=16)
 
 
-def test_warps_switch_is_checked(monkeypatch) -> None:
-    from dsv41.amd.mono.launcher import NUM_WARPS, num_warps
-
-    monkeypatch.delenv("DSV41_MONO_WARPS", raising=False)
-    assert num_warps() == NUM_WARPS
-    monkeypatch.setenv("DSV41_MONO_WARPS", "16")
-    assert num_warps() == 16
-    for bad in ("2", "32", "x", ""):
-        monkeypatch.setenv("DSV41_MONO_WARPS", bad)
-        with pytest.raises(ValueError, match=f"DSV41_MONO_WARPS: expected 4, 8 or 16, got '{bad}'"):
-            num_warps()
+def test_warps_are_checked() -> None:
+    dims = Dims.of("dsv41-flash", 4)
+    assert resolve(dims, 1).num_warps == NUM_WARPS and resolve(dims, 1, num_warps=16).num_warps == 16
+    for bad in (2, 32):
+        with pytest.raises(ValueError, match=f"mono Tuning.num_warps: expected 4, 8 or 16, got {bad}"):
+            resolve(dims, 1, num_warps=bad)

@@ -96,12 +96,11 @@ def test_flash_tp4_dims() -> None:
     d = Dims.of("dsv41-flash", 4)
     got = {
         "heads": d.heads, "groups": d.groups, "group_k": d.group_k, "q_rows": d.q_rows,
-        "o_rows": d.o_rows, "wqb_tasks": d.wqb_tasks, "woa_tasks": d.woa_tasks,
-        "wob_tasks": d.wob_tasks, "head_tiles": d.head_tiles,
+        "o_rows": d.o_rows, "head_tiles": d.head_tiles,
     }
     assert got == {
         "heads": 16, "groups": 2, "group_k": 4096, "q_rows": 8192, "o_rows": 2048,
-        "wqb_tasks": 512, "woa_tasks": 64, "wob_tasks": 320, "head_tiles": 1,
+        "head_tiles": 1,
     }
 
 

@@ -113,7 +113,8 @@ def test_gemm_trace_stamps_every_program(layer):
     """A traced step (``Scratch.trace``, what ``profile_step.py --gemv-trace`` reads): every
     program of every GEMM stamps start <= wait over <= end and an SM of the GPU, and the output
     equals the untraced step's."""
-    from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for, sm_count
+    from dsv41.nvidia.ops.launch import sm_count
+    from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for
     from dsv41.nvidia.step import GEMM_SITES, gemm_shapes
 
     sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=5, device=DEVICE)
@@ -148,7 +149,7 @@ def test_attention_trace_stamps_every_program(layer, tokens):
     an SM of the GPU, one row a program of both launches, and the same order on the SM's cycle
     counter (with q's raw load after the wait); the output equals the untraced step's."""
     from dsv41.nvidia.ops import mega_attention as attn
-    from dsv41.nvidia.ops.mx_gemm import sm_count
+    from dsv41.nvidia.ops.launch import sm_count
 
     sc = make_scenario(layer.dims, LAYER_ID, tokens, fmt="fp8_ds_mla", seed=6, device=DEVICE)
     a, b = sc.clone_caches(), sc.clone_caches()

@@ -21,13 +21,9 @@ from dsv41.common.mx import mxfp8_quantize
 from dsv41.common.reference import mx_linear, reference_step
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.step import (
-    STEP_SEAMS,
-    NvidiaStepRunner,
-    norm_in_wq_b,
-    nvidia_step,
-    z_cast_in_wo_b,
-)
+from dsv41.nvidia.ops.mx_gemm import GemvRules, gemm_config
+from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, nvidia_step
+from dsv41.nvidia.tuning import gemm_shapes, resolve, tuning_for
 from dsv41.nvidia.warmup import REGISTRY, warmup
 
 LAYER_ID = 1  # compressed: window + top-k
@@ -40,10 +36,10 @@ def layer() -> LayerWeights:
     return lw
 
 
-def run_both(layer, sc):
+def run_both(layer, sc, tuning=None):
     a, b = sc.clone_caches(), sc.clone_caches()
     ref = reference_step(layer, a)
-    got = nvidia_step(layer, b)
+    got = nvidia_step(layer, b, tuning=tuning)
     return ref, got, a.window_cache, b.window_cache
 
 
@@ -88,28 +84,30 @@ def test_step_matches_reference(layer, fmt, m):
     check_seams(layer, *run_both(layer, sc))
 
 
-@pytest.mark.parametrize("switch", ["DSV41_Z_CAST_IN_WOB", "DSV41_GEMV_TAIL"])
-def test_one_token_step_with_z_cast_in_wo_a(layer, monkeypatch, switch):
+@pytest.mark.parametrize("change", ["z_cast", "no_tail"])
+def test_one_token_step_with_z_cast_in_wo_a(layer, change):
     """One token with z cast in wo_a's epilogue and wo_b on z8, as two tokens run: z's cast in
-    wo_b turned off, or one token's whole-row rule (without which wo_a splits K)."""
-    monkeypatch.setenv(switch, "0")
-    assert not z_cast_in_wo_b(layer, 1, torch.device("cpu"))
-    sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=21)
-    check_seams(layer, *run_both(layer, sc))
-
-
-def test_z_cast_in_wo_b_follows_whole_wo_a_rows_and_its_switch(layer, monkeypatch):
-    """By default one token casts z in wo_b (wo_a then takes whole rows); two tokens and 48
-    do not (wo_a splits K there, so its epilogue casts whole MX blocks); other values are
-    refused."""
+    wo_b turned off, or one token's whole-row rule off (without which wo_a splits K)."""
     cpu = torch.device("cpu")
-    for name in ("DSV41_Z_CAST_IN_WOB", "DSV41_GEMV_TAIL", "DSV41_GEMV_MAX_M"):
-        monkeypatch.delenv(name, raising=False)
-    assert z_cast_in_wo_b(layer, 1, cpu)
-    assert not z_cast_in_wo_b(layer, 2, cpu) and not z_cast_in_wo_b(layer, 48, cpu)
-    monkeypatch.setenv("DSV41_Z_CAST_IN_WOB", "yes")
-    with pytest.raises(ValueError, match="DSV41_Z_CAST_IN_WOB: expected 0 or 1, got 'yes'"):
-        z_cast_in_wo_b(layer, 1, cpu)
+    if change == "z_cast":
+        n, k, npg, _ = gemm_shapes(layer.dims)["wo_a"]
+        wo_a = gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=8)  # an MX epilogue
+        tuning = dataclasses.replace(tuning_for(layer.dims, cpu, 1), z_cast_in_wo_b=False,
+                                     wo_a=wo_a)  # fmt: skip
+    else:
+        tuning = resolve(layer.dims, 8, 1, rules=GemvRules(tail=0))
+    assert not tuning.z_cast_in_wo_b and tuning.wo_a.gemv
+    sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=21)
+    check_seams(layer, *run_both(layer, sc, tuning))
+
+
+def test_z_cast_in_wo_b_follows_whole_wo_a_rows(layer):
+    """One token casts z in wo_b (wo_a then takes whole rows); two tokens and 48 do not (wo_a
+    splits K there, so its epilogue casts whole MX blocks)."""
+    cpu = torch.device("cpu")
+    assert tuning_for(layer.dims, cpu, 1).z_cast_in_wo_b
+    assert not tuning_for(layer.dims, cpu, 2).z_cast_in_wo_b
+    assert not tuning_for(layer.dims, cpu, 48).z_cast_in_wo_b
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])
@@ -159,15 +157,9 @@ def test_bad_inputs_name_the_argument(layer):
             nvidia_step(layer, dataclasses.replace(sc, **{name: bad}))
 
 
-def test_norm_in_wq_b_follows_the_cuda_core_loop_and_its_switch(layer, monkeypatch):
-    """One token: wq_b's CUDA-core loop normalises qr itself unless DSV41_NORM_IN_WQB=0; a
-    48-token bucket takes the MMA loop and the norm kernel; other values are refused."""
+def test_norm_in_wq_b_follows_the_cuda_core_loop(layer):
+    """One and two tokens: wq_b's CUDA-core loop normalises qr itself; a 48-token bucket takes
+    the MMA loop and the norm kernel."""
     cpu = torch.device("cpu")
-    monkeypatch.delenv("DSV41_NORM_IN_WQB", raising=False)
-    monkeypatch.delenv("DSV41_GEMV_MAX_M", raising=False)
-    assert norm_in_wq_b(layer, 1, cpu) and not norm_in_wq_b(layer, 48, cpu)
-    monkeypatch.setenv("DSV41_NORM_IN_WQB", "0")
-    assert not norm_in_wq_b(layer, 1, cpu)
-    monkeypatch.setenv("DSV41_NORM_IN_WQB", "off")
-    with pytest.raises(ValueError, match="DSV41_NORM_IN_WQB: expected 0 or 1, got 'off'"):
-        norm_in_wq_b(layer, 1, cpu)
+    t1, t48 = tuning_for(layer.dims, cpu, 1), tuning_for(layer.dims, cpu, 48)
+    assert t1.norm_in_wq_b and t1.wq_b.gemv and not t48.norm_in_wq_b and not t48.wq_b.gemv

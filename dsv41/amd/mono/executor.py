@@ -23,12 +23,15 @@ from dsv41.amd.mono.plan import (
     CTL_TICKET,
     K_HALVES,
     STAGES,
+    WOA_TASK_ROWS,
+    WOB_TASK_ROWS,
+    WQB_TASK_ROWS,
     WQKV_TASK_ROWS,
     Plan,
     as_int32,
 )
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK, permute_o_to_fused, permute_q_from_fused
-from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
+from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import gather_keys
 from dsv41.common.mx import MX_BLOCK, dequantize_weight, mxfp8_dequantize, mxfp8_quantize
 from dsv41.common.reference import rmsnorm
@@ -224,7 +227,7 @@ class ScheduleExecutor:
         values, codes = mxfp8_quantize(z)
         self.r["x8b"][:, rows], self.r["x8bs"][:, block] = values, codes[:, 0]
         self.r["z"][:, rows] = z
-        self._arrive("ardy", 0, d.woa_tasks)
+        self._arrive("ardy", 0, self.plan.woa_blocks)
 
     def _wob(self, i: int) -> None:
         self._wait("ardy", 0)

@@ -42,11 +42,14 @@ from dsv41.amd.mono.plan import (
     CTL_ERROR,
     CTL_FINISHED,
     CTL_TICKET,
+    WOA_TASK_ROWS,
+    WOB_TASK_ROWS,
+    WQB_TASK_ROWS,
     WQKV_TASK_ROWS,
 )
 from dsv41.common.fused_layout import Q_CHUNK
 from dsv41.common.fused_layout_tl import q_tile_at_tl, q_tile_heads_tl
-from dsv41.common.geometry import HEAD_TILE, WOA_TASK_ROWS, WOB_TASK_ROWS, WQB_TASK_ROWS
+from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM
 from dsv41.common.kv_records_tl import FMT_DS_MLA, decode_entries_tl, load_keys_tl, store_record_tl
 from dsv41.common.mx import (

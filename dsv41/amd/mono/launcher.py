@@ -30,24 +30,23 @@ z8      (e4m3 [S, o_rows], uint8 [S, o_rows / 32]): MXFP8 of z (what wo_b reads)
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch
 
 from dsv41.amd.mono.kernel import mono_kernel
 from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, MAX_TOKENS, Plan
+from dsv41.amd.mono.tuning import Tuning
+from dsv41.common import switches
 from dsv41.common.fused_layout import permute_q_from_fused
 from dsv41.common.kv_cache import FP8_DS_MLA, validate_key_table
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import StepInputs, check_step_inputs
-from dsv41.common.switches import env_int
 from dsv41.common.weights import LayerWeights
 
 INTERPRETER_PROGRAMS = 4  # programs of the persistent grid under the Triton interpreter
 SPIN_LIMIT_GPU = 1 << 20  # polls before a wait gives up (about a second)
 SPIN_LIMIT_INTERPRETER = 16  # tickets run in order there: a wait never needs a second poll
-NUM_WARPS = 8  # warps of a program (one program a multiprocessor); DSV41_MONO_WARPS overrides it
 
 
 class MonoError(RuntimeError):
@@ -55,12 +54,7 @@ class MonoError(RuntimeError):
 
 
 def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def num_warps() -> int:
-    """Warps of a mono program: ``NUM_WARPS``, or ``DSV41_MONO_WARPS`` (4, 8 or 16) when set."""
-    return env_int("DSV41_MONO_WARPS", NUM_WARPS, lambda v: v in (4, 8, 16), "4, 8 or 16")
+    return switches.interpreting()
 
 
 _SHARED_SCRATCH: dict[tuple, torch.Tensor] = {}
@@ -79,12 +73,15 @@ class MonoRunner:
         key_chunk: int = 0,
         spin_limit: int | None = None,
         shared: bool = False,
+        tuning: Tuning | None = None,
     ):
         """``shared``: use the scratch pooled for this geometry (laid out for MAX_TOKENS;
         ``epoch`` applies only if the pool creates it); otherwise a private scratch for
-        ``tokens`` starting at ``epoch``."""
+        ``tokens`` starting at ``epoch``. ``tuning``: the launch choices (None: the measured
+        ones for ``tokens``, ``tuning.resolve``), fixed for the runner's life."""
         self.layer = layer
-        self.plan = Plan(layer.dims, tokens, key_chunk, MAX_TOKENS if shared else tokens)
+        capacity = MAX_TOKENS if shared else tokens
+        self.plan = Plan(layer.dims, tokens, key_chunk, capacity, tuning=tuning)
         self.device = layer.wqkv.device
         if shared:
             key = (str(self.device), self.plan.dims, self.plan.key_chunk, self.plan.woa_parts)
@@ -163,7 +160,7 @@ class MonoRunner:
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,
             CVT_PTX=not _interpreted() and torch.version.hip is None,
-            num_warps=num_warps(),
+            num_warps=p.tuning.num_warps,
         )
 
     def report_async(self) -> None:

@@ -80,44 +80,17 @@ import torch
 
 from dsv41.common.geometry import HEAD_TILE, Dims
 from dsv41.common.mx import MX_BLOCK
-from dsv41.common.switches import env_flag, env_int
+from dsv41.amd.mono.tuning import MMA_SPLIT, SPLIT_TOKENS, Tuning, k_block, resolve, tail_k_block
 
 MONO_TP = (2, 4)  # ranks the mono kernel is built for
 MAX_TOKENS = 48  # decode tokens a step at most
 WQKV_TASK_ROWS = 16  # rows of a Wqkv task
+WQB_TASK_ROWS = 16  # rows of a wq_b task
+WOA_TASK_ROWS = 32  # rows of a wo_a task (one MX block of z's cast)
+WOB_TASK_ROWS = 16  # rows of a wo_b task
 K_HALVES = 2  # Wqkv's K dimension runs in two halves
-# K columns a GEMV step (and an xq task) covers at most: GEMV_BLOCK_FEW up to FEW_TOKENS tokens,
-# GEMV_BLOCK above; DSV41_MONO_GEMV_BLOCK overrides both for A/B runs. H200, tp 4, us a step at
-# M = 1 / 16 / 48: 174.1 / 192.0 / 265.6 with 512, 187.8 / 204.8 / 259.6 with 256 (128 was slower).
-GEMV_BLOCK = 256
-GEMV_BLOCK_FEW = 512
-FEW_TOKENS = 16
-# Steps of up to CORES_TOKENS tokens multiply their GEMV blocks on CUDA cores (kernel.py, _gemv);
-# DSV41_MONO_GEMV_CORES overrides it. H200, tp 4, us a step at M = 1 / 4 / 16 on tensor cores:
-# 173.0 / 178.4 / 190.9; on CUDA cores: 94.2 / 163.5 / 449.1 (session 5). With tensor-core
-# blocks in 8 K segments (session 8), tp 4 / tp 2, M = 2: 120.9 / 184.3 on tensor cores, 107.0
-# / 169.1 on CUDA cores; M = 4: 122.3 / 187.4 on tensor cores, 138.8 / 238.1 on CUDA cores.
-# With weight words at every token count (session 9), tp 4: M = 2 78.1 (107.6 without words),
-# M = 3 / 4 101.4 / 105.2 on CUDA cores against 122.0 / 122.6 on tensor cores (tp 2, M = 4:
-# 148.1 against 187.3). At 8 tokens the SM90 compiler spills 992 B.
-CORES_TOKENS = 4
-# wo_a's K (group_k) runs in WOA_K_PARTS parts, a task each (DSV41_MONO_WOA_PARTS overrides it):
-# 32-row tasks over the whole K were 64 tasks of 128 KB at tp 4, for 132 programs.
-WOA_K_PARTS = 4
+MIN_KEY_CHUNK = 32  # keys of an attention task at least (one slice of the defaults)
 MMA_MIN_K = 16  # the smallest K of a bf16 MMA: a K segment of _mma_split has at least this
-# Tensor-core GEMV blocks of up to SPLIT_TOKENS tokens run in MMA_SPLIT K segments (at most: each
-# of >= MMA_MIN_K columns); DSV41_MONO_MMA_SPLIT overrides it. H200, tp 4, us a step at
-# M = 8 / 16 / 48 in 8 segments: 124.8 / 136.5 / 317.1; 4: 125.7 / 137.6 / 325.8; whole blocks:
-# 164.1 / 177.1 / 244.7.
-SPLIT_TOKENS = 16
-MMA_SPLIT = 8
-# One token's wq_b and wo_b tasks run two at once (a pair of one stage; kernel.py, GEMV_PAIRS);
-# DSV41_MONO_PAIRS overrides it. H200, tp 4 / tp 2, M = 1: 62.2 / 87.3 us a step in pairs,
-# 72.3 / 103.7 one at a time. Pairs in Wqkv and wo_a too (each task's own activation columns, a
-# tried variant) took 66.1 / 97.6 against 62.9 / 90.1 (spills; attention slowed).
-PAIRS = True
-KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
-KEY_SLICE = 32  # keys an attention task holds in registers at once (DSV41_MONO_KEY_SLICE)
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
 # (16 tasks of one MX block, each loading every chunk's partial at once, measured slower on
 # the H200, session 6: 77.5 / 267.9 us at tp 4, M = 1 / 48, against 74.9 / 248.9.)
@@ -135,67 +108,6 @@ E4M3 = torch.float8_e4m3fn
 # the contract's one (bf16 o, then MXFP8), and at the tiny geometry it flipped 1.6 % of
 # xo's e4m3 values and put y 1.8e-2 (relative) off the reference, over the 1e-2 budget.
 PARTIAL_DTYPE = torch.float32
-
-
-def gemv_block(tokens: int) -> int:
-    """``GEMV_BLOCK_FEW`` for up to ``FEW_TOKENS`` tokens, ``GEMV_BLOCK`` above, or
-    ``DSV41_MONO_GEMV_BLOCK`` (a power of two, 32 .. 1024) when set."""
-    block = env_int("DSV41_MONO_GEMV_BLOCK", None, lambda v: 32 <= v <= 1024 and v & (v - 1) == 0,
-                    "a power of two in 32..1024")  # fmt: skip
-    if block is None:
-        return GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK
-    return block
-
-
-def gemv_on_cores(tokens: int) -> bool:
-    """Whether a step of ``tokens`` tokens multiplies its GEMV blocks on CUDA cores: up to
-    ``CORES_TOKENS`` tokens, or up to ``DSV41_MONO_GEMV_CORES`` when set (0: never)."""
-    most = env_int("DSV41_MONO_GEMV_CORES", CORES_TOKENS, lambda v: v <= MAX_TOKENS,
-                   f"a token count 0..{MAX_TOKENS}")  # fmt: skip
-    return tokens <= most
-
-
-def gemv_words(tokens: int) -> bool:
-    """Whether the CUDA-core GEMV holds its weight blocks as int32 words (kernel
-    ``GEMV_WORDS``): on CUDA cores, unless ``DSV41_MONO_GEMV_WORDS`` = 0.
-    H200, tp 4 / tp 2, M = 1: 72.1 / 104.4 us a step with words, 73.3 / 107.8 without."""
-    return env_flag("DSV41_MONO_GEMV_WORDS", True) and gemv_on_cores(tokens)
-
-
-def gemv_pairs(tokens: int) -> bool:
-    """Whether a one-token wq_b or wo_b task may run together with its program's next task of
-    the same stage (kernel ``GEMV_PAIRS``, with ``gemv_words`` only): ``DSV41_MONO_PAIRS``
-    (1 or 0) when set, else ``PAIRS``."""
-    return env_flag("DSV41_MONO_PAIRS", PAIRS) and tokens == 1 and gemv_words(tokens)
-
-
-def mma_split(tokens: int) -> int | None:
-    """K segments a tensor-core GEMV block is cut into (kernel ``MMA_SPLIT``, ``_mma_split``):
-    ``DSV41_MONO_MMA_SPLIT`` (1, 2, 4 or 8) when set, 1 on CUDA cores, else None: the plan
-    picks (``Plan.tiling``)."""
-    split = env_int("DSV41_MONO_MMA_SPLIT", None, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
-    return 1 if gemv_on_cores(tokens) else split
-
-
-def key_slice(key_chunk: int) -> int:
-    """Keys an attention task holds in registers at once (kernel ``KS``): ``KEY_SLICE``, or
-    ``DSV41_MONO_KEY_SLICE`` (a power of two >= 16) when set; at most ``key_chunk``."""
-    keys = env_int("DSV41_MONO_KEY_SLICE", KEY_SLICE, lambda v: v >= 16 and v & (v - 1) == 0,
-                   "a power of two >= 16")  # fmt: skip
-    return min(keys, key_chunk)
-
-
-def k_block(k: int, tokens: int) -> int:
-    """The K block of a GEMV over ``k`` columns for ``tokens`` tokens: the largest power of two
-    dividing k, at most ``gemv_block(tokens)``."""
-    return min(gemv_block(tokens), k & -k)
-
-
-def tail_k_block(k: int, tokens: int) -> int:
-    """The K block of a GEMV whose last block may be partial (the kernel masks it):
-    ``gemv_block(tokens)``, at most the power of two >= k. wq_b's 1280 columns run in
-    blocks of 512, 512 and 256 instead of five blocks of 256."""
-    return min(gemv_block(tokens), 1 << (k - 1).bit_length())
 
 
 def _round_up(n: int, align: int) -> int:
@@ -253,16 +165,18 @@ class Plan:
 
     dims: Dims
     tokens: int
-    # 0: min(KEY_CHUNK or DSV41_MONO_KEY_CHUNK, keys / 2), so every token has two chunks to merge
+    # 0: min(tuning.key_chunk, keys / 2), so every token has two chunks to merge
     key_chunk: int = 0
     capacity: int = 0
-    woa_parts: int = 0  # 0: WOA_K_PARTS, or DSV41_MONO_WOA_PARTS when set
+    woa_parts: int = 0  # 0: tuning.woa_parts
+    tuning: Tuning | None = None  # None: resolve(dims, tokens), the measured choices
 
     def __post_init__(self):
         m = self.dims.model
+        if self.tuning is None:
+            object.__setattr__(self, "tuning", resolve(self.dims, self.tokens))
         if self.woa_parts == 0:
-            parts = env_int("DSV41_MONO_WOA_PARTS", WOA_K_PARTS, lambda v: True, "a part count")
-            object.__setattr__(self, "woa_parts", parts)
+            object.__setattr__(self, "woa_parts", self.tuning.woa_parts)
         parts = self.woa_parts
         if parts not in (1, 2, 4, 8) or self.dims.group_k % (parts * MX_BLOCK):
             raise ValueError(
@@ -286,13 +200,12 @@ class Plan:
                 f"got {self.capacity}"
             )
         if self.key_chunk == 0:
-            chunk = env_int("DSV41_MONO_KEY_CHUNK", KEY_CHUNK, lambda v: True, "a key count")
-            object.__setattr__(self, "key_chunk", min(chunk, m.keys // 2))
+            object.__setattr__(self, "key_chunk", min(self.tuning.key_chunk, m.keys // 2))
         kc = self.key_chunk
-        if kc < KEY_SLICE or kc & (kc - 1) or m.keys % kc:
+        if kc < MIN_KEY_CHUNK or kc & (kc - 1) or m.keys % kc:
             raise ValueError(
-                f"key_chunk: expected a power of two >= {KEY_SLICE} dividing keys = {m.keys}, "
-                f"got {kc}"
+                f"key_chunk: expected a power of two >= {MIN_KEY_CHUNK} dividing keys = "
+                f"{m.keys}, got {kc}"
             )
         if m.qkv_rows % WQKV_TASK_ROWS or (m.hidden // K_HALVES) % MX_BLOCK:
             raise ValueError(f"model {m.name!r}: qkv_rows / hidden do not split into mono tasks")
@@ -310,36 +223,35 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b),
-        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``. Read once (the
-        switches included), so the task tables and the launches built from one plan always
-        agree."""
-        m, d = self.dims.model, self.dims
+        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``, from the plan's
+        ``tuning``, so the task tables and the launches built from one plan always agree."""
+        m, d, t = self.dims.model, self.dims, self.tuning
         blocks = {
-            "BK_X": k_block(m.hidden // K_HALVES, self.tokens),
-            "BK_QR": tail_k_block(m.q_rank, self.tokens),
-            "BK_GK": k_block(d.group_k // self.woa_parts, self.tokens),
-            "BK_OR": k_block(d.o_rows, self.tokens),
+            "BK_X": k_block(m.hidden // K_HALVES, t.gemv_block),
+            "BK_QR": tail_k_block(m.q_rank, t.gemv_block),
+            "BK_GK": k_block(d.group_k // self.woa_parts, t.gemv_block),
+            "BK_OR": k_block(d.o_rows, t.gemv_block),
         }
-        split = mma_split(self.tokens)
+        split = t.mma_split
         if split is None:  # as many segments as the smallest K block allows, MMA_SPLIT at most
             most = MMA_SPLIT if self.tokens <= SPLIT_TOKENS else 1
             split = max(1, min(most, min(blocks.values()) // MMA_MIN_K))
         elif split > 1 and min(blocks.values()) // split < MMA_MIN_K:
             raise ValueError(
-                f"DSV41_MONO_MMA_SPLIT: expected K segments of >= {MMA_MIN_K} columns, got "
+                f"mono Tuning.mma_split: expected K segments of >= {MMA_MIN_K} columns, got "
                 f"{split} segments of the K blocks {blocks}"
             )
         return blocks | {
-            "GEMV_CORES": gemv_on_cores(self.tokens),
-            "GEMV_WORDS": gemv_words(self.tokens),
-            "GEMV_PAIRS": gemv_pairs(self.tokens),
+            "GEMV_CORES": t.gemv_cores,
+            "GEMV_WORDS": t.gemv_words,
+            "GEMV_PAIRS": t.gemv_pairs,
             "MMA_SPLIT": split,
         }
 
-    @functools.cached_property
+    @property
     def key_slice(self) -> int:
-        """Keys an attention task holds in registers at once (``key_slice``; read once)."""
-        return key_slice(self.key_chunk)
+        """Keys an attention task holds in registers at once: the tuning's, at most the chunk."""
+        return min(self.tuning.key_slice, self.key_chunk)
 
     @property
     def xq_blocks(self) -> int:
@@ -365,6 +277,21 @@ class Plan:
         """16-row tiles of Wqkv: qkv_rows / 16 (112)."""
         return self.dims.model.qkv_rows // WQKV_TASK_ROWS
 
+    @property
+    def wqb_tasks(self) -> int:
+        """wq_b tasks of 16 rows: q_rows / 16 (512)."""
+        return self.dims.q_rows // WQB_TASK_ROWS
+
+    @property
+    def woa_blocks(self) -> int:
+        """wo_a row blocks of 32 rows: o_rows / 32 (64); each runs in ``woa_parts`` tasks."""
+        return self.dims.o_rows // WOA_TASK_ROWS
+
+    @property
+    def wob_tasks(self) -> int:
+        """wo_b tasks of 16 rows: hidden / 16 (320)."""
+        return self.dims.model.hidden // WOB_TASK_ROWS
+
     @functools.cached_property
     def stages(self) -> tuple[Stage, ...]:
         d, s = self.dims, self.tokens
@@ -372,11 +299,11 @@ class Plan:
             "xq": K_HALVES * self.xq_blocks,
             "wqkv": K_HALVES * self.wqkv_tiles,
             "norm": s,
-            "wqb": d.wqb_tasks,
+            "wqb": self.wqb_tasks,
             "attn": s * self.head_tiles * self.chunks,
             "combine": s * self.head_tiles * COMBINE_PARTS,
-            "woa": d.woa_tasks * self.woa_parts,
-            "wob": d.wob_tasks,
+            "woa": self.woa_blocks * self.woa_parts,
+            "wob": self.wob_tasks,
         }
         out, first = [], 0
         for name in STAGES:
@@ -419,7 +346,7 @@ class Plan:
             "srdy": self.capacity * self.head_tiles,  # attn per (token, tile)
             "crdy": self.head_tiles,  # combine per tile, over tokens and parts
             "ardy": 1,  # every woa row block
-            "wrdy": self.dims.woa_tasks,  # the K parts of each woa row block
+            "wrdy": self.woa_blocks,  # the K parts of each woa row block
         }
 
     # -- scratch -------------------------------------------------------------------

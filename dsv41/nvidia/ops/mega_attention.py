@@ -34,6 +34,7 @@ is broken) uses fp32 operands.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -47,9 +48,8 @@ from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, load_records_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
 from dsv41.common.rope import rope_pair_tl
-from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
-from dsv41.nvidia.ops.mx_gemm import bucket_for, interpreting, sm_count
+from dsv41.nvidia.ops.launch import bucket_for, interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import (
     prefetch_records_tl,
@@ -77,7 +77,7 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # 25.2 / 25.3; M = 2 and tp 2 level.
 COMBINE_WIDE_SPLITS = 32
 # Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
-# each tier of (token, head tile) pairs (DSV41_ATTN_PROGRAMS_PER_SM overrides every tier). H200
+# each tier of (token, head tile) pairs. H200
 # (132 SMs), graph-replayed steps (session 10), us, these tiers against 4 a SM everywhere (the
 # rule before): tp 4, M = 8 / 16 / 32: 64.4 / 73.2 / 94.2 against 66.7 / 78.3 / 105.3; tp 2, M =
 # 4 / 8 / 16: 72.8 / 80.2 / 90.0 against 74.9 / 84.7 / 100.6; tp 2, M = 48 (96 tiles): 191.2 /
@@ -515,11 +515,10 @@ def mega_attention_combine_kernel(
 def attention_alone(programs: int, sms: int, blocks_per_split: int = 1) -> bool:
     """Whether an attention launch of ``programs`` programs on ``sms`` SMs, each over
     ``blocks_per_split`` blocks of keys, holds each SM it runs on alone
-    (``sm_share.launch_alone``): ``DSV41_ATTN_ALONE`` (1 or 0) when set, else while it has at
-    most ``sms // ALONE_SMS_SHARE`` programs, or ``sms // ALONE_SMS_SHARE_LONG`` of more than
-    one block."""
+    (``sm_share.launch_alone``): while it has at most ``sms // ALONE_SMS_SHARE`` programs, or
+    ``sms // ALONE_SMS_SHARE_LONG`` of more than one block; never in the interpreter."""
     share = ALONE_SMS_SHARE_LONG if blocks_per_split > 1 else ALONE_SMS_SHARE
-    return bool(env_flag("DSV41_ATTN_ALONE", programs <= int(sms // share)))
+    return not interpreting() and programs <= int(sms // share)
 
 
 def split_pieces(splits: int) -> dict[str, int]:
@@ -530,13 +529,6 @@ def split_pieces(splits: int) -> dict[str, int]:
     return {"SPLIT_HEAD": head, "SPLIT_TAIL": tail}
 
 
-def combine_heads() -> int:
-    """Heads a combine program finishes: ``DSV41_COMBINE_HEADS`` (1, 2, 4, 8 or 16) when set,
-    else ``COMBINE_HEADS``."""
-    return env_int("DSV41_COMBINE_HEADS", COMBINE_HEADS, lambda v: v in (1, 2, 4, 8, 16),
-                   "1, 2, 4, 8 or 16")  # fmt: skip
-
-
 def combine_programs(heads: int) -> int:
     """Combine programs a (token, head tile) takes with ``heads`` heads a program."""
     return HEAD_DIM // COMBINE_CHUNK * (HEAD_TILE // heads)
@@ -544,40 +536,19 @@ def combine_programs(heads: int) -> int:
 
 def combine_wide(splits: int) -> bool:
     """Whether the combine reads every split's partials in one load each (``_combine_wide_tl``):
-    ``DSV41_COMBINE_WIDE`` (1 or 0) when set, else from ``COMBINE_WIDE_SPLITS`` splits on."""
-    return bool(env_flag("DSV41_COMBINE_WIDE", splits >= COMBINE_WIDE_SPLITS))
-
-
-def early_keys() -> bool:
-    """Whether a one-block split whose caches are ready reads its keys before the PDL wait:
-    ``DSV41_ATTN_EARLY`` (1 or 0), on by default (H200, session 7, tp 4 / tp 2, M = 1:
-    37.6 / 55.8 us against 38.4 / 56.9 without)."""
-    return env_flag("DSV41_ATTN_EARLY", True)
-
-
-def prefetch_records() -> bool:
-    """Whether a split of several key blocks asks the L2 for its records before its loop:
-    ``DSV41_ATTN_PREFETCH`` (1 or 0), on by default; never under the interpreter (no L2)."""
-    return env_flag("DSV41_ATTN_PREFETCH", True) and not interpreting()
+    from ``COMBINE_WIDE_SPLITS`` splits on."""
+    return splits >= COMBINE_WIDE_SPLITS
 
 
 def score_segments(tiles: int) -> int:
     """Segments of the 512 dims the score dot is cut into (``_scores_tl``) for ``tiles`` (token,
-    head tile) pairs: ``DSV41_ATTN_QK_SPLIT`` (1, 2, 4 or 8) when set, else ``QK_SEGMENTS`` up to
-    ``QK_SEGMENTS_TILES`` pairs and 1 above."""
-    forced = env_int("DSV41_ATTN_QK_SPLIT", None, lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8")
-    if forced is not None:
-        return forced
+    head tile) pairs: ``QK_SEGMENTS`` up to ``QK_SEGMENTS_TILES`` pairs and 1 above."""
     return QK_SEGMENTS if tiles <= QK_SEGMENTS_TILES else 1
 
 
 def programs_per_sm(tiles: int) -> int:
     """Attention programs a SM the key splits aim at for ``tiles`` (token, head tile) pairs:
-    ``DSV41_ATTN_PROGRAMS_PER_SM`` when set, else the first of ``PROGRAM_TIERS`` that holds
-    that many tiles."""
-    forced = env_int("DSV41_ATTN_PROGRAMS_PER_SM", None, lambda v: 1 <= v <= 16, "1 .. 16")
-    if forced is not None:
-        return forced
+    the first of ``PROGRAM_TIERS`` that holds that many tiles."""
     return next(per_sm for most, per_sm in PROGRAM_TIERS if most is None or tiles <= most)
 
 
@@ -587,13 +558,64 @@ def head_tile_pairs(tokens: int, heads: int) -> int:
     return tokens * -(-heads // HEAD_TILE)
 
 
-def attention_splits(tokens: int, heads: int, keys: int, sms: int) -> tuple[int, int]:
+def attention_splits(
+    tokens: int, heads: int, keys: int, sms: int, per_sm: int | None = None
+) -> tuple[int, int]:
     """``(splits, keys_per_split)``: split the keys (in ``KEY_BLOCK`` steps) until the attention
-    launch has ``programs_per_sm`` programs a SM (1 split once the tokens alone fill the GPU)."""
+    launch has ``per_sm`` (default ``programs_per_sm``) programs a SM (1 split once the tokens
+    alone fill the GPU)."""
     tiles = head_tile_pairs(tokens, heads)
     blocks = max(1, -(-keys // KEY_BLOCK))
-    wanted = min(blocks, max(1, -(-programs_per_sm(tiles) * sms // tiles)))
+    per_sm = programs_per_sm(tiles) if per_sm is None else per_sm
+    wanted = min(blocks, max(1, -(-per_sm * sms // tiles)))
     return _even_splits(keys, wanted)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionTuning:
+    """An attention launch's choices (``attention_tuning`` resolves them for a step)."""
+
+    splits: int  # key-table splits a (token, head tile)
+    keys_per_split: int  # whole blocks of KEY_BLOCK keys
+    qk_split: int  # segments of the score dot: 1, 2, 4 or 8
+    alone: bool  # programs hold their SMs alone (GPU only)
+    combine_heads: int = COMBINE_HEADS  # heads a combine program finishes: 1, 2, 4, 8 or 16
+    combine_wide: bool = False  # the combine reads every split's partials in one load each
+
+    def __post_init__(self):
+        checks = {
+            "qk_split": (self.qk_split in (1, 2, 4, 8), "1, 2, 4 or 8"),
+            "combine_heads": (self.combine_heads in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"),
+            "splits": (self.splits >= 1 and self.keys_per_split % KEY_BLOCK == 0,
+                       f"splits >= 1 of whole {KEY_BLOCK}-key blocks"),
+        }  # fmt: skip
+        for name, (ok, expected) in checks.items():
+            if not ok:
+                raise ValueError(f"AttentionTuning.{name}: expected {expected}, got {self}")
+
+
+def attention_tuning(
+    tokens: int, heads: int, keys: int, sms: int, splits: int | None = None
+) -> AttentionTuning:
+    """The launch choices for ``tokens`` tokens (a step passes its token bucket) over ``heads``
+    heads and ``keys`` keys on ``sms`` SMs; ``splits`` overrides the split count."""
+    blocks = max(1, -(-keys // KEY_BLOCK))
+    if splits is None:
+        splits, keys_per_split = attention_splits(tokens, heads, keys, sms)
+    elif 1 <= splits <= blocks:
+        splits, keys_per_split = _even_splits(keys, splits)
+    else:
+        raise ValueError(
+            f"splits: expected 1 .. {blocks} (blocks of {KEY_BLOCK} keys), got {splits}"
+        )
+    tiles = head_tile_pairs(tokens, heads)
+    return AttentionTuning(
+        splits=splits,
+        keys_per_split=keys_per_split,
+        qk_split=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
+        alone=attention_alone(tiles * splits, sms, keys_per_split // KEY_BLOCK),
+        combine_wide=combine_wide(splits),
+    )
 
 
 def _even_splits(keys: int, wanted: int) -> tuple[int, int]:
@@ -629,6 +651,8 @@ def mega_attention(
     heads_per_group: int = 8,
     splits: int | None = None,
     records_ready: bool = False,
+    tuning: AttentionTuning | None = None,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -647,8 +671,9 @@ def mega_attention(
       tile) uses; None picks enough to fill the GPU.
     - ``records_ready``: no kernel that may still run when this launch starts writes the
       caches (the caller ordered the record insert before it with a full stream dependency);
-      by default (``DSV41_ATTN_EARLY``) a split of one key block then reads its keys before the
-      PDL wait (``early_keys``).
+      a split of one key block then reads its keys before the PDL wait.
+    - ``tuning`` (a step's ``Tuning`` passes it; ``splits`` is then ignored) and ``pdl``: None
+      picks them for M (``attention_tuning``, ``pdl_enabled``).
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -693,15 +718,12 @@ def mega_attention(
             )
 
     keys = key_table.shape[1]
-    blocks = max(1, -(-keys // KEY_BLOCK))
-    if splits is None:
-        splits, keys_per_split = attention_splits(tokens, heads, keys, sm_count(device))
-    elif 1 <= splits <= blocks:
-        splits, keys_per_split = _even_splits(keys, splits)
-    else:
-        raise ValueError(
-            f"splits: expected 1 .. {blocks} (blocks of {KEY_BLOCK} keys), got {splits}"
-        )
+    if tuning is None:
+        tuning = attention_tuning(tokens, heads, keys, sm_count(device), splits)
+    splits, keys_per_split = tuning.splits, tuning.keys_per_split
+    if keys > splits * keys_per_split:
+        raise ValueError(f"tuning: {splits} splits of {keys_per_split} keys do not cover the "
+                         f"{keys} keys of key_table")  # fmt: skip
     tiles = head_tile_pairs(tokens, heads)
     xo = torch.empty(tokens, heads * HEAD_DIM, dtype=E4M3, device=device)
     xo_codes = torch.empty(tokens, heads * HEAD_DIM // MX_BLOCK, dtype=torch.uint8, device=device)
@@ -713,11 +735,11 @@ def mega_attention(
     part_stat = torch.empty(2 * parts, dtype=torch.float32, device=device)
     comp = compressed_cache if compressed_cache is not None else window_cache
     xo_bytes = xo.view(torch.uint8)
-    pdl = pdl_enabled(tokens)
-    early = records_ready and keys_per_split == KEY_BLOCK and early_keys()
+    pdl = pdl_enabled(tokens) if pdl is None else pdl and not interpreting()
+    early = records_ready and keys_per_split == KEY_BLOCK
     aligned = rows_aligned(window_cache, comp)
     trace = trace_buffer
-    ch = combine_heads()
+    ch = tuning.combine_heads
     programs = tiles * splits + (tiles * combine_programs(ch) if splits > 1 else 0)
     if trace is not None and (trace.dtype != torch.int64 or trace.device != device
                               or trace.shape[0] < programs
@@ -725,10 +747,8 @@ def mega_attention(
         raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
                          f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
                          f"on {trace.device}")  # fmt: skip
-    alone = not interpreting() and attention_alone(tiles * splits, sm_count(device),
-                                                   keys_per_split // KEY_BLOCK)  # fmt: skip
     launch_alone(
-        mega_attention_kernel, (tiles, splits), alone, device,
+        mega_attention_kernel, (tiles, splits), tuning.alone and not interpreting(), device,
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
         xo_bytes, xo_codes, lse, part_o, part_stat,
         window_cache.num_slots, 0 if compressed_cache is None else compressed_cache.num_slots,
@@ -737,9 +757,9 @@ def mega_attention(
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
-        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
+        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and not interpreting(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
-        QK_SPLIT=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
+        QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
         **pdl_launch_options(pdl),
     )  # fmt: skip
@@ -750,7 +770,7 @@ def mega_attention(
             cos.shape[0],
             H=heads, G=heads_per_group, HT=HEAD_TILE, SPLITS=splits, W=COMBINE_CHUNK,
             CH=ch, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
-            **split_pieces(splits), WIDE=combine_wide(splits),
+            **split_pieces(splits), WIDE=tuning.combine_wide,
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
             **pdl_launch_options(pdl),
         )  # fmt: skip

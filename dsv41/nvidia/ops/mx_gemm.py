@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import torch
 import triton
@@ -60,8 +59,8 @@ from dsv41.common.mx import (
 )
 from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
 from dsv41.common.rope import rope_pair_tl
-from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
+from dsv41.nvidia.ops.launch import bucket_for, interpreting, sm_count
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import RecordsAhead, prefetch_share_tl
 
@@ -72,7 +71,6 @@ A_NORM = tl.constexpr(3)  # a is bf16 qr: RMSNorm * weight, bf16, cast (the CUDA
 _MX = tl.constexpr(MX_BLOCK)  # 32
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
-DEFAULT_SMS = 8  # the "SM count" the interpreter plans for, so tiny tests still split K
 PROGRAMS_PER_SM = 1.5  # a weight stream needs loads in flight on every SM (H200 sweep: 1.5-2 best)
 BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 # The A_O prologue holds a gathered o tile and its RoPE operands: 128 columns keep it in
@@ -81,7 +79,7 @@ MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
 # The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M; each program's first weight
 # tile is in flight before the PDL wait. Where whole rows of K fit GEMV_TILE_BYTES in at most
-# gemv_max_steps() unrolled K steps, a program takes whole rows: no split-K partials, ticket or
+# GEMV_MAX_STEPS unrolled K steps, a program takes whole rows: no split-K partials, ticket or
 # second pass. Otherwise tiles of GEMV_SPLIT_TILE_BYTES (>= 8 rows, >= 32 for z's MX cast)
 # split K. H200, tp 4, M = 1, each GEMM alone (profile_step.py --sweep, session 6): whole rows
 # Wqkv 2 x 5 x 1024 6.52 us, wq_b 8 x 5 x 256 7.60, wo_b 8 x 2048 (8 warps) 6.04, against
@@ -94,12 +92,12 @@ O_PROLOGUE_BLOCK_K = 128
 # outermost (_gemv_tile) and PDL: M = 2 41.6 us at tp 4 and 66.8 at tp 2 against 56.4 and 68.8
 # on the MMA loop; M = 4 65.1 and 99.1 against 60.3 and 71.3.
 GEMV_MAX_M = 2
-GEMV_TILE_BYTES = 16384  # DSV41_GEMV_TILE overrides it
-GEMV_SPLIT_TILE_BYTES = 8192  # DSV41_GEMV_SPLIT_TILE overrides it
-GEMV_QUANT_TILE_BYTES = 8192  # the same for wo_a, which casts its output; DSV41_GEMV_QUANT_TILE
+GEMV_TILE_BYTES = 16384
+GEMV_SPLIT_TILE_BYTES = 8192
+GEMV_QUANT_TILE_BYTES = 8192  # the same for wo_a, which casts its output
 GEMV_BLOCK_K_MAX = 2048
 GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
-GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile (DSV41_GEMV_STEPS overrides it)
+GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile
 # One token, whole rows of Wqkv's 5120 / wq_b's 1280 columns as 4096 + 1024 / 1024 + 256 (and
 # wo_a's 4096 when z is cast in wo_b), both loaded before the PDL wait: no split-K sum (0: off).
 # H200 session 13, tp 4 / tp 2, M = 1: 32 KB tiles (4 / 16 / 8 rows, 8 warps) 29.8 / - us, with
@@ -109,11 +107,6 @@ GEMV_TAIL_BYTES = 32768
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
-
-
-def interpreting() -> bool:
-    """Kernels run under the Triton interpreter (CPU tests)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -540,59 +533,38 @@ class GemmConfig:
         return self.block_k * self.k_steps + self.k_tail
 
 
-def sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device; ``DEFAULT_SMS`` for the interpreter."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return DEFAULT_SMS
-
-
-M_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256, 512)  # decode, then prefill token counts
-
-
-def bucket_for(m: int) -> int:
-    """The token bucket whose kernel variants serve ``m`` tokens: the smallest >= m (else m)."""
-    return next((b for b in M_BUCKETS if b >= m), m)
-
-
 def block_m_for(m: int) -> int:
     """Rows of a tile: 16 (the smallest MMA) up to 64, the next power of two >= m."""
     return min(64, max(16, triton.next_power_of_2(m)))
 
 
-def gemv_max_m() -> int:
-    """The largest token bucket the CUDA-core loop serves: ``DSV41_GEMV_MAX_M`` (0: never, at
-    most 48) when set, else ``GEMV_MAX_M``."""
-    return env_int("DSV41_GEMV_MAX_M", GEMV_MAX_M, lambda v: v <= 48, "0 .. 48")
+@dataclasses.dataclass(frozen=True)
+class GemvRules:
+    """The CUDA-core loop's rules: which token buckets take it and how big its tiles are."""
+
+    max_m: int = GEMV_MAX_M  # the largest token bucket it serves (0: none)
+    tile: int = GEMV_TILE_BYTES  # the most weight bytes of a whole-row tile
+    split_tile: int = GEMV_SPLIT_TILE_BYTES  # weight bytes of a split-K tile
+    quant_tile: int = GEMV_QUANT_TILE_BYTES  # the same for a GEMM that casts its output
+    tail: int = GEMV_TAIL_BYTES  # one token's whole-row tile bytes as a head and a tail (0: off)
+    max_steps: int = GEMV_MAX_STEPS  # unrolled K steps of a whole-row tile
+
+    def __post_init__(self):
+        pow2 = lambda v: 4096 <= v <= 32768 and v & (v - 1) == 0  # noqa: E731
+        checks = {
+            "max_m": (0 <= self.max_m <= 48, "0 .. 48"),
+            "tile": (pow2(self.tile), "a power of two 4096 .. 32768"),
+            "split_tile": (pow2(self.split_tile), "a power of two 4096 .. 32768"),
+            "quant_tile": (pow2(self.quant_tile), "a power of two 4096 .. 32768"),
+            "tail": (self.tail == 0 or pow2(self.tail), "0 or a power of two 4096 .. 32768"),
+            "max_steps": (1 <= self.max_steps <= 8, "1 .. 8"),
+        }
+        for name, (ok, expected) in checks.items():
+            if not ok:
+                raise ValueError(f"GemvRules.{name}: expected {expected}, got {getattr(self, name)}")
 
 
-def gemv_max_steps() -> int:
-    """Unrolled K steps a whole-row GEMV tile may take: ``DSV41_GEMV_STEPS`` (1 .. 8) when set,
-    else ``GEMV_MAX_STEPS``."""
-    return env_int("DSV41_GEMV_STEPS", GEMV_MAX_STEPS, lambda v: 1 <= v <= 8, "1 .. 8")
-
-
-def _tile_bytes(name: str, default: int, off: bool = False) -> int:
-    """``$name`` as a tile's weight bytes (a power of two, 4096 .. 32768; with ``off`` also 0)
-    when set, else ``default``."""
-    return env_int(name, default,
-                   lambda v: (off and v == 0) or (4096 <= v <= 32768 and v & (v - 1) == 0),
-                   ("0 or " if off else "") + "a power of two 4096 .. 32768")  # fmt: skip
-
-
-def gemv_tile() -> int:
-    """The most weight bytes of a whole-row GEMV tile: ``DSV41_GEMV_TILE`` when set, else
-    ``GEMV_TILE_BYTES``."""
-    return _tile_bytes("DSV41_GEMV_TILE", GEMV_TILE_BYTES)
-
-
-def gemv_split_tile(quant_out: bool = False) -> int:
-    """Weight bytes of a split-K GEMV tile: ``DSV41_GEMV_SPLIT_TILE`` when set, else
-    ``GEMV_SPLIT_TILE_BYTES``; for a GEMM that casts its output (``quant_out``),
-    ``DSV41_GEMV_QUANT_TILE`` when set, else ``GEMV_QUANT_TILE_BYTES``."""
-    if quant_out:
-        return _tile_bytes("DSV41_GEMV_QUANT_TILE", GEMV_QUANT_TILE_BYTES)
-    return _tile_bytes("DSV41_GEMV_SPLIT_TILE", GEMV_SPLIT_TILE_BYTES)
+GEMV = GemvRules()  # the rules every step uses
 
 
 def _pow2_dividing(k: int, cap: int) -> int:
@@ -601,13 +573,6 @@ def _pow2_dividing(k: int, cap: int) -> int:
     while k % block:
         block //= 2
     return block
-
-
-def gemv_tail_tile() -> int:
-    """Weight bytes of a one-token whole-row tile whose K takes a tail or exceeds
-    ``GEMV_BLOCK_K_MAX``, both pieces loaded before the PDL wait: ``DSV41_GEMV_TAIL`` (0: off,
-    or a power of two 4096 .. 32768) when set, else ``GEMV_TAIL_BYTES``."""
-    return _tile_bytes("DSV41_GEMV_TAIL", GEMV_TAIL_BYTES, off=True)
 
 
 def _head_tail(k: int) -> tuple[int, int]:
@@ -620,25 +585,28 @@ def _head_tail(k: int) -> tuple[int, int]:
     return head, tail
 
 
-def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmConfig:
-    """Whole rows where they fit ``gemv_tile()`` bytes (at one token ``gemv_tail_tile()``
-    bytes, unless that is 0) with no split-K sum in <= ``gemv_max_steps()`` unrolled K steps;
-    at one token, where they fit ``gemv_tail_tile()`` bytes, as a power-of-two tile and a tail;
-    else ``gemv_split_tile()`` bytes a tile, split over K."""
+def gemv_config(
+    m: int, n_per_group: int, k: int, *, quant_out: bool, rules: GemvRules = GEMV
+) -> GemmConfig:
+    """Whole rows where they fit ``rules.tile`` bytes (at one token ``rules.tail`` bytes,
+    unless that is 0) with no split-K sum in <= ``rules.max_steps`` unrolled K steps; at one
+    token, where they fit ``rules.tail`` bytes, as a power-of-two tile and a tail; else
+    ``rules.split_tile`` (``rules.quant_tile`` casting the output) bytes a tile, split over K."""
     block_k = _pow2_dividing(k, GEMV_BLOCK_K_MAX)
-    one = gemv_tail_tile() if m == 1 else 0  # one token: the bytes of a whole-row tile
+    one = rules.tail if m == 1 else 0  # one token: the bytes of a whole-row tile
     # (H200, tp 4, M = 1: wo_b in 16 rows of 2048, 27.7 / 27.7 us against 8 rows, 29.5 / 28.7)
-    rows = min(GEMV_BLOCK_N[1], (one or gemv_tile()) // k)
+    rows = min(GEMV_BLOCK_N[1], (one or rules.tile) // k)
     head, tail = _head_tail(k)
     k_tail = 0
-    if not quant_out and rows >= 1 and k // block_k <= gemv_max_steps():
+    if not quant_out and rows >= 1 and k // block_k <= rules.max_steps:
         block_n = 1 << (rows.bit_length() - 1)  # the largest power of two <= rows
         k_steps, split_k = k // block_k, 1
     elif one and not quant_out and head and one >= k:
         block_n = 1 << (rows.bit_length() - 1)
         block_k, k_tail, k_steps, split_k = head, tail, 1, 1
     else:  # split K; QUANT_OUT casts whole MX blocks of output rows: >= 32 rows a tile
-        least, tile = MX_BLOCK if quant_out else GEMV_BLOCK_N[0], gemv_split_tile(quant_out)
+        least = MX_BLOCK if quant_out else GEMV_BLOCK_N[0]
+        tile = rules.quant_tile if quant_out else rules.split_tile
         block_k = _pow2_dividing(k, min(GEMV_BLOCK_K_MAX // 2, tile // least))
         block_n = min(GEMV_BLOCK_N[1], tile // block_k)
         k_steps, split_k = 1, k // block_k
@@ -651,16 +619,16 @@ def gemv_config(m: int, n_per_group: int, k: int, *, quant_out: bool) -> GemmCon
 
 def gemm_config(
     m: int, n: int, k: int, *, n_per_group: int, quant_out: bool, sms: int,
-    block_k_max: int = BLOCK_K_MAX, gemv_ok: bool = True,
+    block_k_max: int = BLOCK_K_MAX, gemv_ok: bool = True, rules: GemvRules = GEMV,
 ) -> GemmConfig:  # fmt: skip
     """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
 
-    Token buckets up to ``gemv_max_m()`` take the CUDA-core loop where ``gemv_ok``. A
+    Token buckets up to ``rules.max_m`` take the CUDA-core loop where ``gemv_ok``. A
     function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves.
     """
     m = bucket_for(m)
-    if gemv_ok and m <= gemv_max_m():
-        return gemv_config(m, n_per_group, k, quant_out=quant_out)
+    if gemv_ok and m <= rules.max_m:
+        return gemv_config(m, n_per_group, k, quant_out=quant_out, rules=rules)
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
     block_n = 64 if n_per_group % 64 == 0 else 32
@@ -760,6 +728,7 @@ def mx_gemm(
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
     records: RecordsAhead | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
@@ -773,6 +742,7 @@ def mx_gemm(
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
     the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
+    ``config`` and ``pdl`` (a step's ``Tuning`` passes both): None picks them for M.
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -840,7 +810,7 @@ def mx_gemm(
     if mode == A_NORM and not cfg.gemv:
         raise ValueError(
             f"a: the RMSNorm prologue runs on the CUDA-core loop (token buckets up to "
-            f"{gemv_max_m()}), got {m} tokens and {cfg}"
+            f"{GEMV.max_m} by default), got {m} tokens and {cfg}"
         )
     if (
         n_per_group % cfg.block_n
@@ -879,7 +849,7 @@ def mx_gemm(
     else:
         part = tickets = out
     o8v, o8c = out8 if quant else a8_out if a8_out is not None else (out, out)
-    pdl = pdl_enabled(m)
+    pdl = pdl_enabled(m) if pdl is None else pdl and not interpreting()
     mx_gemm_kernel[grid](
         a_val,
         a_codes,

@@ -6,10 +6,7 @@ the token's position (GPT-J pairs, then bf16 again) and the record goes into
 the window cache at ``slot_mapping`` (a slot outside the cache is skipped);
 ``qr`` leaves as MXFP8 (values + codes), the activation of ``wq_b`` (unless
 wq_b normalises qr itself: then no q half). The position, RoPE angles and slot
-are read first, as nothing in the step writes them. With ``prefetch`` the
-program last asks the L2 for every record of its token's key-table row, which
-attention reads next (the kernel beside wq_b on a side stream at one or two
-tokens: attention starts when it ends, and then finds the records in L2). The pair
+are read first, as nothing in the step writes them. The pair
 partner of a rope dim is normalized from its own load with the same
 ``rsqrt`` factor, so it is bit-identical to the value the partner's lane holds.
 """
@@ -24,10 +21,8 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.norm_tl import kv_angles_tl, kv_normed_tl, rms_factor_tl
-from dsv41.common.switches import env_flag
-from dsv41.nvidia.ops.mx_gemm import interpreting
+from dsv41.nvidia.ops.launch import interpreting
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
-from dsv41.nvidia.ops.record_prefetch import prefetch_records_tl, record_row_ptrs_tl, rows_aligned
 
 
 @triton.jit
@@ -43,10 +38,7 @@ def norm_rope_insert_kernel(
     kv_ptr,
     qr8_ptr,
     qr8_codes_ptr,
-    table_ptr,
-    comp_ptr,
     num_slots,
-    comp_slots,
     max_pos,
     eps,
     stride_qkv,
@@ -62,13 +54,9 @@ def norm_rope_insert_kernel(
     FMT: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     QR8: tl.constexpr = True,
-    KEYS: tl.constexpr = 0,
-    KEYS_PAD: tl.constexpr = 1,
-    COMP_BLOCK: tl.constexpr = 1,
 ):
     """qr8 = mxfp8(bf16(rmsnorm(q) q_norm)) (with ``QR8``); kv = bf16(rope(bf16(rmsnorm(kv)
-    kv_norm))) -> cache; with ``KEYS`` > 0, the records of key-table row ``t`` (``KEYS``
-    entries; compressed rows in ``comp_ptr``'s cache) asked of the L2."""
+    kv_norm))) -> cache."""
     pdl_prologue_tl(USE_PDL)
     t = tl.program_id(0)
     row = qkv_ptr + t.to(tl.int64) * stride_qkv
@@ -76,11 +64,6 @@ def norm_rope_insert_kernel(
     pos = tl.load(pos_ptr + t).to(tl.int64)
     cs, sn = kv_angles_tl(pos, max_pos, cos_ptr, sin_ptr, KV_DIM, NOPE, HALF_ROPE)
     slot = tl.load(slot_ptr + t + tl.arange(0, 1)).to(tl.int64)
-    if KEYS > 0:  # the table read now, its records asked for last: nothing waits for the read
-        rows, codes, valid = record_row_ptrs_tl(table_ptr + t.to(tl.int64) * KEYS, 0, cache_ptr,
-                                                comp_ptr, num_slots, comp_slots, KEYS, FMT,
-                                                BLOCK_TOKENS, COMP_BLOCK, KEYS,
-                                                KEYS_PAD)  # fmt: skip
     if QR8:  # q half: norm, bf16, MXFP8.
         dq = tl.arange(0, Q_PAD)
         q_ok = dq < Q_RANK
@@ -104,8 +87,6 @@ def norm_rope_insert_kernel(
     d = tl.arange(0, KV_DIM)
     tl.store(kv_ptr + t.to(tl.int64) * stride_kv + d, kv.to(tl.bfloat16))
     store_record_tl(cache_ptr, slot, tl.reshape(kv, (1, KV_DIM)), num_slots, BLOCK_TOKENS, FMT)
-    if KEYS > 0:
-        prefetch_records_tl(rows, codes, valid, FMT)
 
 
 def norm_rope_insert(
@@ -122,15 +103,14 @@ def norm_rope_insert(
     nope: int,
     kv: torch.Tensor,
     qr8: tuple[torch.Tensor, torch.Tensor] | None,
-    prefetch: tuple[torch.Tensor, PagedKVCache | None] | None = None,
+    pdl: bool | None = None,
 ) -> None:
     """Fill ``kv`` bf16 [M, 512] and ``qr8`` (e4m3 [M, q_rank], uint8 [M, q_rank/32]; None: no
     q half, for a wq_b that normalises qr itself); insert kv.
 
     ``qkv`` bf16 [M, q_rank + kv_dim] (the Wqkv output); ``positions`` /
     ``slot_mapping`` [M] int; ``cos`` / ``sin`` fp32 [max_position, rope_dim/2].
-    ``prefetch``: ``(key_table int32 [M, KEYS], compressed_cache)``, the keys attention reads
-    next, whose records each program then asks of the L2 (``prefetch_ahead`` says where).
+    ``pdl``: a step's ``Tuning`` passes it; None picks it for M.
     """
     m = qkv.shape[0]
     q_rank, kv_dim = q_norm.shape[0], kv_norm.shape[0]
@@ -150,19 +130,7 @@ def norm_rope_insert(
     for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
         if tuple(t.shape) != (m,):
             raise ValueError(f"{name}: expected [{m}], got {list(t.shape)}")
-    table, comp, keys = kv, window_cache, 0  # no prefetch: placeholders, never read
-    if prefetch is not None:
-        key_table, compressed = prefetch
-        if key_table.dtype != torch.int32 or key_table.dim() != 2 or key_table.shape[0] != m:
-            raise ValueError(f"prefetch key_table: expected int32 [{m}, KEYS], "
-                             f"got {key_table.dtype} {list(key_table.shape)}")  # fmt: skip
-        if compressed is not None and compressed.fmt != window_cache.fmt:
-            raise ValueError(f"prefetch compressed_cache: expected the window cache's record "
-                             f"format {window_cache.fmt.name}, "
-                             f"got {compressed.fmt.name}")  # fmt: skip
-        if prefetch_ahead(window_cache, compressed):
-            table, comp, keys = key_table, compressed or window_cache, key_table.shape[1]
-    pdl = pdl_enabled(m)
+    pdl = pdl_enabled(m) if pdl is None else pdl and not interpreting()
     norm_rope_insert_kernel[(m,)](
         qkv,
         q_norm,
@@ -175,10 +143,7 @@ def norm_rope_insert(
         kv,
         qr8[0] if qr8 is not None else kv,
         qr8[1] if qr8 is not None else kv,
-        table,
-        comp.data,
         window_cache.num_slots,
-        comp.num_slots if comp is not window_cache else 0,
         cos.shape[0],
         eps,
         qkv.stride(0),
@@ -195,17 +160,5 @@ def norm_rope_insert(
         num_warps=4,
         USE_PDL=pdl,
         QR8=qr8 is not None,
-        KEYS=keys,
-        KEYS_PAD=triton.next_power_of_2(max(keys, 1)),
-        COMP_BLOCK=comp.block,
         **pdl_launch_options(pdl),
     )
-
-
-def prefetch_ahead(window_cache: PagedKVCache, compressed_cache: PagedKVCache | None) -> bool:
-    """Whether the norm kernel asks the L2 for attention's records: ``DSV41_NORM_PREFETCH`` (1
-    or 0; off by default: H200, session 14, tp 4, M = 1 / 2: 29.3 / 28.9 and 43.1 / 42.5 us
-    against 26.6 / 26.7 and 39.9 / 39.8 off), on the GPU (no L2 in the interpreter) and where
-    every data row is 16-B aligned (the bulk prefetch's unit)."""
-    caches = [window_cache] + ([compressed_cache] if compressed_cache is not None else [])
-    return env_flag("DSV41_NORM_PREFETCH", False) and not interpreting() and rows_aligned(*caches)

@@ -26,13 +26,11 @@ against 25.5 / 25.6 releasing at the start); removed.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv41.common.switches import env_flag
+from dsv41.common import switches
 
 PDL_MAX_TOKENS = 2
 
@@ -40,8 +38,8 @@ PDL_MAX_TOKENS = 2
 def pdl_enabled(tokens: int) -> bool:
     """Whether a launch for ``tokens`` tokens uses PDL: ``DSV41_PDL`` when set (1 or 0), else
     ``tokens <= PDL_MAX_TOKENS``; never under the interpreter (no grid dependency control)."""
-    forced = env_flag("DSV41_PDL", None)
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    forced = switches.pdl()
+    if switches.interpreting():
         return False
     return tokens <= PDL_MAX_TOKENS if forced is None else forced
 

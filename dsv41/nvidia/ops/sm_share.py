@@ -17,6 +17,7 @@ rest is only held.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import triton
@@ -54,9 +55,13 @@ def reserve_shared(compiled, nbytes: int) -> None:
 
 def launch_alone(kernel, grid, alone: bool, device: torch.device, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)`` on ``device``; with ``alone`` each program holds a
-    whole SM's shared memory (``whole_sm_shared_bytes``)."""
+    whole SM's shared memory (``whole_sm_shared_bytes``), where this Triton's launcher lets
+    it (else a warning, and the programs share their SMs: the same results)."""
     if alone:
         compiled = kernel.warmup(*args, grid=grid, **kwargs)  # compiled, not launched
         index = device.index if device.index is not None else torch.cuda.current_device()
-        reserve_shared(compiled, whole_sm_shared_bytes(index))
+        try:
+            reserve_shared(compiled, whole_sm_shared_bytes(index))
+        except RuntimeError as e:
+            warnings.warn(f"{e}: launching without holding SMs alone", stacklevel=2)
     kernel[grid](*args, **kwargs)

@@ -1,0 +1,114 @@
+"""The NVIDIA step's launch choices as data: one frozen ``Tuning`` a (GPU, tp share, token
+bucket).
+
+``tuning_for(dims, device, tokens)`` resolves it once a (device, geometry, bucket) and the step
+passes it down to each of its launches; ``dsv41 plan`` prints it. Every choice is a function of
+the token bucket ``bucket_for(M)``, not M, so a warmed-up bucket has every kernel variant
+compiled. The one switch read here is ``DSV41_PDL`` (A/B runs of programmatic dependent launch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from dsv41.common import switches
+from dsv41.common.geometry import Dims
+from dsv41.nvidia.ops.launch import bucket_for, sm_count
+from dsv41.nvidia.ops.mega_attention import AttentionTuning, attention_tuning
+from dsv41.nvidia.ops.mx_gemm import GEMV, GemmConfig, GemvRules, gemm_config
+from dsv41.nvidia.ops.pdl import pdl_enabled
+
+GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
+
+
+def gemm_shapes(dims: Dims) -> dict[str, tuple[int, int, int | None, bool]]:
+    """Per GEMM site of a rank: ``(N, K, N per group or None, MXFP8 out)`` as ``mx_gemm`` runs it."""
+    m = dims.model
+    return {
+        "wqkv": (m.qkv_rows, m.hidden, None, False),  # 1792 x 5120
+        "wq_b": (dims.q_rows, m.q_rank, None, False),  # heads * 512 x 1280
+        "wo_a": (dims.o_rows, dims.group_k, m.o_rank, True),  # grouped, z re-quantized
+        "wo_b": (m.hidden, dims.o_rows, None, False),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """Every launch choice of one step of a token bucket on one GPU at one tp share."""
+
+    bucket: int  # the token bucket (M rounded up to M_BUCKETS)
+    sms: int  # multiprocessors the launches plan for
+    pdl: bool  # programmatic dependent launch between the step's kernels
+    # wq_b normalises qr in its prologue (its CUDA-core loop), the norm kernel's kv half beside
+    # it on a side stream, and its programs ask the L2 for attention's records before their wait
+    norm_in_wq_b: bool
+    # z's MXFP8 cast in wo_b's prologue (which stores z8), so wo_a takes whole rows
+    z_cast_in_wo_b: bool
+    wqkv: GemmConfig
+    wq_b: GemmConfig
+    wo_a: GemmConfig
+    wo_b: GemmConfig
+    attention: AttentionTuning
+
+    def rows(self) -> list[tuple[str, str]]:
+        """``(name, value)`` lines for ``dsv41 plan``."""
+        out = [("bucket", str(self.bucket)), ("sms", str(self.sms)), ("pdl", str(self.pdl)),
+               ("norm_in_wq_b", str(self.norm_in_wq_b)),
+               ("z_cast_in_wo_b", str(self.z_cast_in_wo_b))]  # fmt: skip
+        for site in GEMM_SITES:
+            c = getattr(self, site)
+            loop = "cuda-core" if c.gemv else "mma"
+            out.append((site, f"{loop} block {c.block_m}x{c.block_n}x{c.block_k} split_k "
+                              f"{c.split_k} k_steps {c.k_steps} k_tail {c.k_tail} warps "
+                              f"{c.num_warps} stages {c.num_stages}"))  # fmt: skip
+        a = self.attention
+        out.append(("attention", f"splits {a.splits} x {a.keys_per_split} keys, qk_split "
+                                 f"{a.qk_split}, alone {a.alone}, combine {a.combine_heads} "
+                                 f"heads{' wide' if a.combine_wide else ''}"))  # fmt: skip
+        return out
+
+
+def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
+            pdl: bool | None = None) -> Tuning:  # fmt: skip
+    """The tuning of a step of ``tokens`` tokens (its bucket's) at ``dims`` on ``sms`` SMs;
+    ``pdl`` None: on up to ``PDL_MAX_TOKENS`` tokens (off in the interpreter)."""
+    bucket = bucket_for(tokens)
+    shapes = gemm_shapes(dims)
+
+    def config(site: str, quant_out: bool) -> GemmConfig:
+        n, k, npg, _ = shapes[site]
+        return gemm_config(bucket, n, k, n_per_group=npg or n, quant_out=quant_out, sms=sms,
+                           rules=rules)  # fmt: skip
+
+    wo_a_whole = config("wo_a", quant_out=False)
+    wo_b = config("wo_b", quant_out=False)
+    # An MXFP8 epilogue needs 32-row tiles (so split K); casting z in wo_b lets wo_a's CUDA-core
+    # loop take whole rows, where wo_b runs the CUDA-core loop too.
+    z_cast = wo_a_whole.gemv and wo_a_whole.split_k == 1 and wo_b.gemv
+    wq_b = config("wq_b", quant_out=False)
+    return Tuning(
+        bucket=bucket,
+        sms=sms,
+        pdl=pdl_enabled(bucket) if pdl is None else pdl and not switches.interpreting(),
+        norm_in_wq_b=wq_b.gemv,
+        z_cast_in_wo_b=z_cast,
+        wqkv=config("wqkv", quant_out=False),
+        wq_b=wq_b,
+        wo_a=wo_a_whole if z_cast else config("wo_a", quant_out=True),
+        wo_b=wo_b,
+        attention=attention_tuning(bucket, dims.heads, dims.model.keys, sms),
+    )
+
+
+@functools.cache
+def _cached(dims: Dims, sms: int, bucket: int, pdl: bool | None, interpret: bool) -> Tuning:
+    return resolve(dims, sms, bucket, pdl=pdl)
+
+
+def tuning_for(dims: Dims, device: torch.device, tokens: int) -> Tuning:
+    """``resolve`` for ``device``'s SM count, once a (geometry, SM count, bucket, switches)."""
+    return _cached(dims, sm_count(device), bucket_for(tokens), switches.pdl(),
+                   switches.interpreting())  # fmt: skip
