@@ -171,8 +171,7 @@ class DSV41Attention(nn.Module):
     ):
         super().__init__()
         cfg = model if isinstance(model, ModelConfig) else load_model_config(model)
-        if not 0 <= layer_id < cfg.num_layers:
-            raise ValueError(f"layer_id: expected 0 <= layer_id < {cfg.num_layers}, got {layer_id}")
+        cfg.checkpoint_prefix(layer_id)  # refuses a layer id the model does not have
         self.dims = Dims(tp, cfg)
         self.platform = platform or detect_platform()
         self.backend, self.reason = select_backend(self.platform, tp, max_tokens, backend)

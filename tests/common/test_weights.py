@@ -348,7 +348,7 @@ def test_direct_loader_call_refuses_a_wrong_dtype(ckpt):
 
 def test_layer_id_out_of_range():
     with pytest.raises(ValueError, match=re.escape(
-            "layer_id: expected 0 <= layer_id < num_layers = 3, got 3")):
+            "layer_id: expected 0 <= layer_id < 3, got 3 (3 layers, then 0 MTP)")):
         LayerWeights(Dims.of(MODEL, 1), 0, 3)
 
 
