@@ -1,4 +1,4 @@
-"""``DSV41Attention``: the module a server uses; picks a backend at init (SPEC §6).
+"""``DSV41Attention``: the module a server uses; picks a backend at init (docs/design.md §6).
 
 Selection: SM90 and the SM100 family -> ``nvidia``; ROCm gfx942 / gfx950 ->
 ``mono`` where tp is 2 or 4 and a step has at most 48 tokens, else the
@@ -110,7 +110,7 @@ def _check_mono(tp: int, max_tokens: int) -> None:
 
 @dataclasses.dataclass
 class CacheMetadata:
-    """What a step reads and writes besides x and positions (SPEC §4)."""
+    """What a step reads and writes besides x and positions (docs/design.md §4)."""
 
     slot_mapping: torch.Tensor  # int64 [M]: window-cache slot each new token's record goes to
     key_table: torch.Tensor  # int32 [M, KEYS]: slot | 1 << 31 compressed, window slot, -1 none

@@ -1,4 +1,4 @@
-"""Checkpoints on disk: sharded safetensors files with an HF-style index (SPEC §3).
+"""Checkpoints on disk: sharded safetensors files with an HF-style index (docs/design.md §3).
 
 A checkpoint directory holds ``model-0000k-of-0000n.safetensors`` files and
 ``model.safetensors.index.json`` (``{"metadata": {...}, "weight_map": {name:

@@ -1,4 +1,4 @@
-"""A tile of q read from the fused Q layout (SPEC §5) as device helpers: both backends'
+"""A tile of q read from the fused Q layout (docs/design.md §5) as device helpers: both backends'
 attention reads q this way (nvidia's mega attention, mono's attention task).
 
 The fused Q layout keeps a token's q as ``[head_dim / Q_CHUNK chunks, heads, Q_CHUNK]``: a

@@ -1,4 +1,5 @@
-"""The layer's parameters for one TP rank and their vLLM-style weight loaders (SPEC §3, §5).
+"""The layer's parameters for one TP rank and their vLLM-style weight loaders (docs/design.md §3,
+§5).
 
 Checkpoint tensors (``layers.{i}.attn.<name>.weight`` e4m3 with ``.scale`` E8M0
 on 32x32 blocks, ``q_norm`` / ``kv_norm`` bf16, ``attn_sink`` fp32) become the

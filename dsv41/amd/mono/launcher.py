@@ -4,7 +4,7 @@
 device-side epoch tags each step's hand-offs) and launches the kernel with
 pointers that never change, so ``launch`` can be captured in a CUDA/HIP graph
 and replayed. ``mono_step`` is the one-call entry point: it keeps a runner per
-(layer, tokens), validates the inputs (SPEC §4) when asked, launches, raises
+(layer, tokens), validates the inputs (docs/design.md §4) when asked, launches, raises
 ``MonoError`` if a hand-off timed out (never a silent hang), and returns the
 step's output with the intermediates the scratch holds.
 
@@ -234,7 +234,8 @@ def validate_inputs(
     window_cache: PagedKVCache,
     compressed_cache: PagedKVCache | None,
 ) -> None:
-    """SPEC §4 checks: shapes, dtypes, record format, positions, slots and key-table entries."""
+    """docs/design.md §4 checks: shapes, dtypes, record format, positions, slots and key-table
+    entries."""
     if x.dim() == 2 and not 1 <= x.shape[0] <= MAX_TOKENS:  # the scratch's limit, first
         raise MonoError(f"x: expected 1 <= M <= {MAX_TOKENS} tokens, got {x.shape[0]}")
     try:

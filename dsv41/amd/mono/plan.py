@@ -1,4 +1,5 @@
-"""The mono kernel's schedule and scratch: task tables and the front / back regions (SPEC §6).
+"""The mono kernel's schedule and scratch: task tables and the front / back regions (docs/design.md
+§6).
 
 One persistent launch runs a layer step as a list of stages, each a table of
 tasks. A program takes tickets from a global atomic counter; ticket ``t``
@@ -62,7 +63,7 @@ its half. ``tests/amd/test_mono_handoffs.py`` checks this for every region.
 Regions (byte offsets into one uint8 scratch, 256-B aligned, total rounded to
 4096): ``ctl`` (ticket, finished programs, epoch, error word), then the front
 ``x8, x8s, xrdy, qkvp, qx8, qx8s, qrdy, q`` and the back ``part, pstat, srdy,
-xo, xos, crdy, x8b, x8bs, ardy, z, woap, wrdy``. Regions beyond SPEC §6's
+xo, xos, crdy, x8b, x8bs, ardy, z, woap, wrdy``. Regions beyond docs/design.md §6's
 list: ``q``, the bf16 post-RoPE q in the fused Q layout that wqb writes and attn
 reads; ``z``, the bf16 z that woa also keeps for the z seam (x8b / x8bs are
 what wob reads); ``woap`` and ``wrdy``, wo_a's fp32 K-part partials and the

@@ -1,7 +1,8 @@
-"""Mega attention: fused-layout q in, fused MXFP8 xo out, for one decode step (SPEC §2.4-2.7).
+"""Mega attention: fused-layout q in, fused MXFP8 xo out, for one decode step (docs/design.md
+§2.4-2.7).
 
 For token ``m`` and head ``h`` over the valid keys ``k`` of ``key_table[m]``
-(V = K, all 512 dims; SPEC §4):
+(V = K, all 512 dims; docs/design.md §4):
 
     q = bf16(rope(q_fused[m, head h], positions[m]))          (dims 448.. turned forward)
     s = q . k * softmax_scale,  lse = logsumexp(s)

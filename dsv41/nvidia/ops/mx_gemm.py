@@ -1,6 +1,6 @@
 """MXFP8 GEMM for small M: ``out = dequant(a8) @ dequant(w)^T``, fp32 accumulate, bf16 out.
 
-SPEC §2 and §3.
+docs/design.md §2 and §3.
 
 One kernel serves every projection of the step. The weight is e4m3 ``[N, K]``
 with per-row E8M0 codes ``[N, K / 32]`` (``LayerWeights``); the activation

@@ -1,4 +1,5 @@
-"""After Wqkv, a program a token: RMSNorms, RoPE on kv, record insert, MXFP8 of qr (SPEC §2.2-2.4).
+"""After Wqkv, a program a token: RMSNorms, RoPE on kv, record insert, MXFP8 of qr (docs/design.md
+§2.2-2.4).
 
 ``qr = rmsnorm(qkv[:q_rank]) * q_norm`` and ``kv = rmsnorm(qkv[q_rank:]) *
 kv_norm`` in fp32, each rounded to bf16; kv's dims ``nope..`` turn forward by
