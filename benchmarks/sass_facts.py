@@ -219,10 +219,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.dump:
         a.dump.mkdir(parents=True, exist_ok=True)
-    if a.backend == "mono":
-        launches = mono_launches(a.tp, a.tokens, a.layer)
-    else:
-        launches = step_launches(a.tp, a.tokens, a.fmt, a.layer)
+    from dsv41.common.platform import parse_target, targeting
+
+    with targeting(parse_target("sm90")):  # the launchers choose PDL and PTX for an H200
+        if a.backend == "mono":
+            launches = mono_launches(a.tp, a.tokens, a.layer)
+        else:
+            launches = step_launches(a.tp, a.tokens, a.fmt, a.layer)
     rows = [facts(*call, dump=a.dump / f"{i}_{call[0].__name__}" if a.dump else None)
             for i, call in enumerate(launches)]  # fmt: skip
     print(f"{a.backend}, layer {a.layer}, tp {a.tp}, M = {a.tokens}, {a.fmt}, SM90, Triton "

@@ -47,6 +47,7 @@ from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, load_records_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
+from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_flag, env_int
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
@@ -558,8 +559,9 @@ def early_keys() -> bool:
 
 def prefetch_records() -> bool:
     """Whether a split of several key blocks asks the L2 for its records before its loop:
-    ``DSV41_ATTN_PREFETCH`` (1 or 0), on by default; never under the interpreter (no L2)."""
-    return env_flag("DSV41_ATTN_PREFETCH", True) and not interpreting()
+    ``DSV41_ATTN_PREFETCH`` (1 or 0), on by default; only where the platform has inline PTX (not
+    on ROCm, nor under the interpreter, which has no L2)."""
+    return env_flag("DSV41_ATTN_PREFETCH", True) and current_platform().ptx
 
 
 def score_segments(tiles: int) -> int:
@@ -726,6 +728,9 @@ def mega_attention(
         raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
                          f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
                          f"on {trace.device}")  # fmt: skip
+    if trace is not None and not current_platform().ptx:
+        raise ValueError(f"mega_attention.trace_buffer: the trace reads NVIDIA's PTX timers, "
+                         f"got {current_platform().features}")  # fmt: skip
     alone = not interpreting() and attention_alone(tiles * splits, sm_count(device),
                                                    keys_per_split // KEY_BLOCK)  # fmt: skip
     launch_alone(

@@ -59,6 +59,7 @@ from dsv41.common.mx import (
     mx_round_tl,
 )
 from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
+from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.switches import env_int
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
@@ -772,7 +773,8 @@ def mx_gemm(
     formats, ``[M, K]``), when given with a bf16 ``a`` on the CUDA-core loop, receives the
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
-    the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
+    the L2 for before their wait (where the platform has inline PTX: not on ROCm, nor under the
+    interpreter, which has no L2).
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -872,6 +874,9 @@ def mx_gemm(
                               or tuple(trace.shape[1:]) != (TRACE_FIELDS,)):  # fmt: skip
         raise ValueError(f"scratch.trace: expected int64 [>= {math.prod(grid)}, {TRACE_FIELDS}], "
                          f"got {trace.dtype} {list(trace.shape)}")  # fmt: skip
+    if trace is not None and not current_platform().ptx:
+        raise ValueError(f"scratch.trace: the trace reads NVIDIA's PTX timers, "
+                         f"got {current_platform().features}")  # fmt: skip
     if cfg.split_k > 1:
         part, tickets = (scratch or scratch_for("default")).get(
             cfg.split_k * m * n, grid[0] * grid[2], dev
@@ -924,7 +929,7 @@ def mx_gemm(
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
-           and not interpreting() else {}),
+           and current_platform().ptx else {}),
         **pdl_launch_options(pdl),
     )
     return out

@@ -26,12 +26,11 @@ against 25.5 / 25.6 releasing at the start); removed.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from dsv41.common.platform import current_platform
 from dsv41.common.switches import env_flag
 
 PDL_MAX_TOKENS = 2
@@ -39,9 +38,10 @@ PDL_MAX_TOKENS = 2
 
 def pdl_enabled(tokens: int) -> bool:
     """Whether a launch for ``tokens`` tokens uses PDL: ``DSV41_PDL`` when set (1 or 0), else
-    ``tokens <= PDL_MAX_TOKENS``; never under the interpreter (no grid dependency control)."""
+    ``tokens <= PDL_MAX_TOKENS``; only where the platform has it (NVIDIA SM90+, compiled: no
+    grid dependency control on ROCm or under the interpreter)."""
     forced = env_flag("DSV41_PDL", None)
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if not current_platform().pdl:
         return False
     return tokens <= PDL_MAX_TOKENS if forced is None else forced
 
