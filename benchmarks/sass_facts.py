@@ -6,7 +6,7 @@ CUDA device for the step's choices, and so the GPU's constexprs (not the interpr
 caught launch is then compiled for SM90 (Triton's own ptxas) and described: registers a thread,
 spilled bytes, shared memory, SASS instructions, and those after the PDL wait (``ACQBULK``):
 what a program issues once its inputs are ready, the part of a one-token step that is on its
-critical path (BENCHMARKS.md, sessions 14 to 16). Pointer arguments count as 16-B aligned, as
+critical path (docs/history.md). Pointer arguments count as 16-B aligned, as
 torch allocates them; an int argument divisible by 16 as such, and one equal to 1 as the
 constexpr 1, as Triton specializes them (unless the kernel says not to). The
 installed Triton compiles (the H200 runs 3.6: put one first on the path to match it).

@@ -6,7 +6,7 @@ each with its own caches; by default as many as the model has, as a server's dec
 and at least enough that their weights exceed the GPU's L2 so every step streams them from HBM),
 captures one step of every layer back to back in one CUDA graph, replays it many times and
 reports the median over replays (CUDA events) divided by the layer count (a replay's own start
-is paid once a graph: BENCHMARKS.md, session 25, measures what it adds a step at 4 layers). The
+is paid once a graph: about 1.3 us a step at 4 layers, 0.1 at 40, on the H200). The
 floor is ``(rank weight bytes incl. scales + M * KEYS * record bytes) / copy bandwidth``, the
 bandwidth measured in the same run by a large device-to-device copy (read + write bytes over its
 time). The eager reference (``reference_step`` on the same GPU tensors) is timed with fewer

@@ -6,7 +6,7 @@ chunk's 16 dims of consecutive heads are contiguous. A tile of heads is read in 
 order, ``[chunks, tile * Q_CHUNK]`` (a warp's read covers 512 contiguous bytes), and permuted to
 ``[tile, head_dim]`` in registers. Reading it head by head instead made each warp's read span
 32 lines, ``heads * 32`` B apart: about 2,200 cycles a program against 1,300 this way (nvidia's
-attention, H200, session 24).
+attention on the H200).
 """
 
 from __future__ import annotations

@@ -547,7 +547,7 @@ def _attn(
     The chunk runs in slices of KS keys (``Plan.key_slice``) with an online softmax (fewer
     registers than the whole chunk); the first slice's records are loaded before the wait on
     q. (Loading each next slice ahead of the current one's products spilled 450 B on SM90; one
-    64-key slice spilled 248 B and made the step slower, session 10.)
+    64-key slice spilled 248 B and made the step slower.)
     """
     k0 = chunk * KC
     keys, valid = _keys(key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,

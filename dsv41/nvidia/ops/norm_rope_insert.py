@@ -205,8 +205,7 @@ def norm_rope_insert(
 
 def prefetch_ahead(window_cache: PagedKVCache, compressed_cache: PagedKVCache | None) -> bool:
     """Whether the norm kernel asks the L2 for attention's records: ``DSV41_NORM_PREFETCH`` (1
-    or 0; off by default: H200, session 14, tp 4, M = 1 / 2: 29.3 / 28.9 and 43.1 / 42.5 us
-    against 26.6 / 26.7 and 39.9 / 39.8 off), where the platform has inline PTX (not ROCm, nor
+    or 0; off by default: 2.3 to 3.2 us a step slower at tp 4, M = 1 and 2, on the H200), where the platform has inline PTX (not ROCm, nor
     the interpreter: no L2) and where
     every data row is 16-B aligned (the bulk prefetch's unit)."""
     caches = [window_cache] + ([compressed_cache] if compressed_cache is not None else [])
