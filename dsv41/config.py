@@ -1,4 +1,5 @@
-"""Model configs: the geometry of SPEC §1 read from YAML or a checkpoint's config.json, validated.
+"""Model configs: the geometry of docs/design.md §1 read from YAML or a checkpoint's config.json,
+validated.
 
 A config is looked up by name in ``configs/models/`` (``dsv41-flash``,
 ``dsv4-flash``, ``tiny``, ``tiny-v4``), read from a YAML path, or read from a
@@ -149,7 +150,7 @@ def _rope(raw: dict, key: str) -> RopeConfig:
 
 
 def parse_model_config(raw: dict) -> ModelConfig:
-    """Validate a config mapping against SPEC §1's structure."""
+    """Validate a config mapping against docs/design.md §1's structure."""
     if not isinstance(raw, dict):
         raise ConfigError(f"model config: expected a mapping, got {type(raw).__name__}")
     ints = {

@@ -1,11 +1,12 @@
-"""``DSV41Attention``: the module a server uses; picks a backend at init (SPEC §6).
+"""``DSV41Attention``: the module a server uses; picks a backend at init (docs/design.md §6).
 
 Selection: SM90 and the SM100 family -> ``nvidia``; ROCm gfx942 / gfx950 ->
 ``mono`` where tp is 2 or 4 and a step has at most 48 tokens, else the
 nvidia-style Triton path; CPU -> ``reference`` (the Triton kernels run there
 under ``TRITON_INTERPRET=1`` when asked for by name). ``backend=`` or the
 ``DSV41_BACKEND`` environment variable overrides; an impossible request fails
-at init saying why. One log line records the choice and the reason.
+at init saying why. One log line records the choice, the reason and the NVIDIA-only
+features the platform turns on (``dsv41.common.platform``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import PagedKVCache
+from dsv41.common.platform import Platform, detect_platform
 from dsv41.common.step_inputs import check_step_inputs
 from dsv41.common.weights import LayerWeights
 from dsv41.config import BACKENDS, ModelConfig, load_model_config
@@ -29,25 +31,6 @@ log = logging.getLogger("dsv41")
 MONO_TP = (2, 4)  # the mono plan's task tables and scratch are laid out for these shares
 MONO_MAX_TOKENS = 48  # mono scratch holds at most 48 tokens a step
 ROCM_MONO_ARCHS = ("gfx942", "gfx950")  # MI300 / MI355: where mono was designed and tuned
-
-
-@dataclasses.dataclass(frozen=True)
-class Platform:
-    kind: str  # "cuda", "rocm" or "cpu"
-    arch: str  # "sm90", "sm100", "gfx942", ... ("" on CPU)
-    interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on the CPU
-
-
-def detect_platform() -> Platform:
-    """What this process runs on: the current GPU's vendor and architecture, or the CPU."""
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    if not torch.cuda.is_available():
-        return Platform("cpu", "", interpret)
-    if torch.version.hip:
-        arch = torch.cuda.get_device_properties(torch.cuda.current_device()).gcnArchName.split(":")[0]
-        return Platform("rocm", arch, interpret)
-    major, minor = torch.cuda.get_device_capability()
-    return Platform("cuda", f"sm{major}{minor}", interpret)
 
 
 def _nvidia_native(arch: str) -> bool:
@@ -110,7 +93,7 @@ def _check_mono(tp: int, max_tokens: int) -> None:
 
 @dataclasses.dataclass
 class CacheMetadata:
-    """What a step reads and writes besides x and positions (SPEC §4)."""
+    """What a step reads and writes besides x and positions (docs/design.md §4)."""
 
     slot_mapping: torch.Tensor  # int64 [M]: window-cache slot each new token's record goes to
     key_table: torch.Tensor  # int32 [M, KEYS]: slot | 1 << 31 compressed, window slot, -1 none
@@ -180,7 +163,8 @@ class DSV41Attention(nn.Module):
         self.weights = LayerWeights(self.dims, rank, layer_id, device=device)
         self._forward = _forward_function(self.backend)
         self._large_forward = _forward_function("nvidia") if self.backend == "mono" else self._forward
-        log.info("dsv41: layer %d rank %d/%d: backend %s (%s)", layer_id, rank, tp, self.backend, self.reason)
+        log.info("dsv41: layer %d rank %d/%d: backend %s (%s); %s", layer_id, rank, tp, self.backend,
+                 self.reason, self.platform.features)
 
     def load_weights(self, weights) -> set[str]:
         """Checkpoint ``(name, tensor)`` pairs of this layer, through the permuting loaders."""

@@ -1,4 +1,5 @@
-"""Backend selection at init (SPEC §6): each platform, overrides and refusals with their messages."""
+"""Backend selection at init (docs/design.md §6): each platform, overrides and refusals with their
+messages."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""Checkpoints on disk: sharded safetensors files with an HF-style index (SPEC §3, §3a).
+"""Checkpoints on disk: sharded safetensors files with an HF-style index (docs/design.md §3;
+released layouts: docs/checkpoints.md).
 
 A checkpoint directory holds ``model-0000k-of-0000n.safetensors`` files and
 ``model.safetensors.index.json`` (``{"metadata": {...}, "weight_map": {name:

@@ -1,4 +1,4 @@
-"""MXFP8: e4m3 values with one E8M0 power-of-two code per 32 values (SPEC §3).
+"""MXFP8: e4m3 values with one E8M0 power-of-two code per 32 values (docs/design.md §3).
 
 ``code = clamp(ceil(log2(amax / 448)) + 127, 0, 254)``, ``scale = 2^(code - 127)``,
 ``value = e4m3(clamp(x / scale, -448, 448))``; a block whose amax is 0 gets code 0

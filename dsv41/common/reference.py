@@ -1,4 +1,5 @@
-"""The layer step of SPEC §2 for one TP rank, in plain PyTorch: what every kernel is checked against.
+"""The layer step of docs/design.md §2 for one TP rank, in plain PyTorch: what every kernel is
+checked against.
 
 Every rounding point of the contract is explicit: MXFP8 casts through
 ``dsv41.common.mx``, fp32 accumulation, bf16 at the seams. The step takes the
@@ -90,7 +91,7 @@ def reference_step(
     """One decode step of one rank; inserts the new records into ``window_cache`` at ``slot_mapping``.
 
     ``x`` bf16 [M, hidden]; ``positions`` [M]; ``slot_mapping`` [M] window-cache
-    slots of the new tokens; ``key_table`` int32 [M, KEYS] (SPEC §4).
+    slots of the new tokens; ``key_table`` int32 [M, KEYS] (docs/design.md §4).
     """
     dims, m = layer.dims, layer.dims.model
     n_tok = x.shape[0]

@@ -1,4 +1,5 @@
-"""The arguments of a layer step (SPEC §4) as every backend takes them: the checks they share.
+"""The arguments of a layer step (docs/design.md §4) as every backend takes them: the checks they
+share.
 
 ``check_step_inputs`` reads shapes, dtypes and devices only, never a value, so it
 costs no device sync and runs on every call. Value checks (positions in range,

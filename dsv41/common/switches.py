@@ -25,3 +25,8 @@ def env_flag(name: str, default: bool | None) -> bool | None:
     """``$name`` as 1 (True) or 0 (False), ``default`` when unset."""
     value = env_int(name, None, lambda v: v in (0, 1), "0 or 1")
     return default if value is None else value == 1
+
+
+def interpreting() -> bool:
+    """``TRITON_INTERPRET=1``: Triton kernels run on the CPU in the interpreter."""
+    return os.environ.get("TRITON_INTERPRET") == "1"

@@ -1,4 +1,5 @@
-"""The layer's parameters for one TP rank and their vLLM-style weight loaders (SPEC §3, §5).
+"""The layer's parameters for one TP rank and their vLLM-style weight loaders (docs/design.md §3,
+§5).
 
 Checkpoint tensors (``layers.{i}.attn.<name>.weight`` e4m3 with ``.scale`` E8M0
 on the model's ``weight_block`` blocks, 32 x 32 for V4.1, 128 x 128 for V4;

@@ -1,4 +1,5 @@
-"""Model configs load and validate; per-rank geometry matches SPEC §1 and partitions the model."""
+"""Model configs load and validate; per-rank geometry matches docs/design.md §1 and partitions the
+model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""MXFP8 (SPEC §3): E8M0 codes, round trips, weight block scales and the @triton.jit helpers."""
+"""MXFP8 (docs/design.md §3): E8M0 codes, round trips, weight block scales and the @triton.jit
+helpers."""
 
 from __future__ import annotations
 
