@@ -54,7 +54,7 @@ tables() {
   for tp in 4 2; do
     timeout 290 python3 -m dsv41.cli bench --config dsv41-flash --backend "$backend" --tp "$tp" \
       --tokens "$TOKENS" --reference-repeats 1 --json "$OUT/bench_${backend/,/_}_tp$tp.json" 2>&1 \
-      | grep -E "^(nvidia|mono) " | sed "s/^/tp $tp: /" | tee -a "$OUT/tables.txt"
+      | grep -E "^(nvidia|mono) |layers of|needs a CUDA" | sed "s/^/tp $tp: /" | tee -a "$OUT/tables.txt"
   done
 }
 
