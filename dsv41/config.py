@@ -344,19 +344,19 @@ def parse_hf_config(raw: dict, name: str = "checkpoint") -> tuple[ModelConfig, l
     out["rope"] = _hf_rope(text, where)
     out["weight_block"] = _hf_quantization(quant, qwhere)
     out["name"] = name
-    unmapped = sorted(
-        f"{where}{k}" for k in text if k not in HF_FIELDS and k not in HF_ROPE and k not in HF_CHECKED
-    )
+    unmapped = [f"{where}{k}" for k in text if k not in HF_FIELDS and k not in HF_ROPE
+                and k not in HF_CHECKED]
     if where:
-        unmapped += sorted(k for k in raw if k not in ("text_config", "quantization_config"))
-    ours_to_theirs = {ours: theirs for theirs, ours in HF_FIELDS.items()}
+        unmapped += [k for k in raw if k not in ("text_config", "quantization_config")]
+    ours_to_theirs = {ours: f"{where}{theirs}" for theirs, ours in HF_FIELDS.items()}
+    ours_to_theirs["weight_block"] = f"{qwhere}quantization_config.weight_block_size"
     try:
-        return parse_model_config(out), unmapped
+        return parse_model_config(out), sorted(unmapped)
     except ConfigError as e:  # name the config.json field, not dsv41's
         msg = str(e)
         ours = msg.split(":", 1)[0].split("[", 1)[0]
         if ours in ours_to_theirs:
-            msg = f"{where}{ours_to_theirs[ours]}{msg[len(ours):]} (dsv41's {ours})"
+            msg = f"{ours_to_theirs[ours]}{msg[len(ours):]} (dsv41's {ours})"
         raise ConfigError(msg) from None
 
 
