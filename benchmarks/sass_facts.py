@@ -6,7 +6,7 @@ CUDA device for the step's choices, and so the GPU's constexprs (not the interpr
 caught launch is then compiled for SM90 (Triton's own ptxas) and described: registers a thread,
 spilled bytes, shared memory, SASS instructions, and those after the PDL wait (``ACQBULK``):
 what a program issues once its inputs are ready, the part of a one-token step that is on its
-critical path (BENCHMARKS.md, sessions 14 to 16). Pointer arguments count as 16-B aligned, as
+critical path (docs/history.md). Pointer arguments count as 16-B aligned, as
 torch allocates them; an int argument divisible by 16 as such, and one equal to 1 as the
 constexpr 1, as Triton specializes them (unless the kernel says not to). The
 installed Triton compiles (the H200 runs 3.6: put one first on the path to match it).
@@ -218,10 +218,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.dump:
         a.dump.mkdir(parents=True, exist_ok=True)
-    if a.backend == "mono":
-        launches = mono_launches(a.tp, a.tokens, a.layer)
-    else:
-        launches = step_launches(a.tp, a.tokens, a.fmt, a.layer)
+    from dsv41.common.platform import parse_target, targeting
+
+    with targeting(parse_target("sm90")):  # the launchers choose PDL and PTX for an H200
+        if a.backend == "mono":
+            launches = mono_launches(a.tp, a.tokens, a.layer)
+        else:
+            launches = step_launches(a.tp, a.tokens, a.fmt, a.layer)
     rows = [facts(*call, dump=a.dump / f"{i}_{call[0].__name__}" if a.dump else None)
             for i, call in enumerate(launches)]  # fmt: skip
     print(f"{a.backend}, layer {a.layer}, tp {a.tp}, M = {a.tokens}, {a.fmt}, SM90, Triton "

@@ -1,4 +1,5 @@
-"""The NVIDIA backend's layer step: six launches, no host sync, no shuffle kernel (SPEC §2, §6).
+"""The NVIDIA backend's layer step: six launches, no host sync, no shuffle kernel (docs/design.md
+§2, §6).
 
 1. ``mx_gemm`` (A_CAST): ``qkv = mxfp8(x) @ Wqkv^T``, the cast of x in the prologue;
 2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;
@@ -120,10 +121,8 @@ def norm_in_wq_b(layer: LayerWeights, m: int, device: torch.device) -> bool:
 def wq_b_prefetches() -> bool:
     """Whether wq_b's programs ask the L2 for attention's records before their PDL wait, where
     wq_b normalises qr itself (the one- and two-token CUDA-core loop; GPU only):
-    ``DSV41_WQB_PREFETCH`` (1 or 0), on by default. H200, session 18, us a step on against off
-    in the same call: tp 4, M = 1 25.3 / 25.3 / 25.3 against 25.7 / 25.9 / 25.7, M = 2 40.2 /
-    40.3 / 40.2 against 40.8 / 40.6 / 40.8; tp 2, M = 1 37.3 against 37.6, M = 2 65.0 against
-    64.7."""
+    ``DSV41_WQB_PREFETCH`` (1 or 0), on by default: 0.3 to 0.6 us a step faster at tp 4, M = 1
+    and 2, on the H200; level at tp 2."""
     return env_flag("DSV41_WQB_PREFETCH", True)
 
 

@@ -1,4 +1,5 @@
-"""The mono kernel's schedule and scratch: task tables and the front / back regions (SPEC §6).
+"""The mono kernel's schedule and scratch: task tables and the front / back regions (docs/design.md
+§6).
 
 One persistent launch runs a layer step as a list of stages, each a table of
 tasks. A program takes tickets from a global atomic counter; ticket ``t``
@@ -62,7 +63,7 @@ its half. ``tests/amd/test_mono_handoffs.py`` checks this for every region.
 Regions (byte offsets into one uint8 scratch, 256-B aligned, total rounded to
 4096): ``ctl`` (ticket, finished programs, epoch, error word), then the front
 ``x8, x8s, xrdy, qkvp, qx8, qx8s, qrdy, q`` and the back ``part, pstat, srdy,
-xo, xos, crdy, x8b, x8bs, ardy, z, woap, wrdy``. Regions beyond SPEC §6's
+xo, xos, crdy, x8b, x8bs, ardy, z, woap, wrdy``. Regions beyond docs/design.md §6's
 list: ``q``, the bf16 post-RoPE q in the fused Q layout that wqb writes and attn
 reads; ``z``, the bf16 z that woa also keeps for the z seam (x8b / x8bs are
 what wob reads); ``woap`` and ``wrdy``, wo_a's fp32 K-part partials and the
@@ -93,13 +94,8 @@ GEMV_BLOCK = 256
 GEMV_BLOCK_FEW = 512
 FEW_TOKENS = 16
 # Steps of up to CORES_TOKENS tokens multiply their GEMV blocks on CUDA cores (kernel.py, _gemv);
-# DSV41_MONO_GEMV_CORES overrides it. H200, tp 4, us a step at M = 1 / 4 / 16 on tensor cores:
-# 173.0 / 178.4 / 190.9; on CUDA cores: 94.2 / 163.5 / 449.1 (session 5). With tensor-core
-# blocks in 8 K segments (session 8), tp 4 / tp 2, M = 2: 120.9 / 184.3 on tensor cores, 107.0
-# / 169.1 on CUDA cores; M = 4: 122.3 / 187.4 on tensor cores, 138.8 / 238.1 on CUDA cores.
-# With weight words at every token count (session 9), tp 4: M = 2 78.1 (107.6 without words),
-# M = 3 / 4 101.4 / 105.2 on CUDA cores against 122.0 / 122.6 on tensor cores (tp 2, M = 4:
-# 148.1 against 187.3). At 8 tokens the SM90 compiler spills 992 B.
+# DSV41_MONO_GEMV_CORES overrides it. Faster than tensor cores up to 4 tokens on the H200 (tp 4,
+# M = 1: 94.2 against 173.0 us; with weight words M = 4 105.2 against 122.6); 8 tokens spill.
 CORES_TOKENS = 4
 # wo_a's K (group_k) runs in WOA_K_PARTS parts, a task each (DSV41_MONO_WOA_PARTS overrides it):
 # 32-row tasks over the whole K were 64 tasks of 128 KB at tp 4, for 132 programs.
@@ -119,8 +115,7 @@ PAIRS = True
 KEY_CHUNK = 64  # keys of an attention task (at most; DSV41_MONO_KEY_CHUNK overrides it)
 KEY_SLICE = 32  # keys an attention task holds in registers at once (DSV41_MONO_KEY_SLICE)
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
-# (16 tasks of one MX block, each loading every chunk's partial at once, measured slower on
-# the H200, session 6: 77.5 / 267.9 us at tp 4, M = 1 / 48, against 74.9 / 248.9.)
+# (16 tasks of one MX block each were slower on the H200: 77.5 against 74.9 us at tp 4, M = 1.)
 REGION_ALIGN = 256
 SCRATCH_ALIGN = 4096
 MAILBOX_WORDS = 2  # (count, tag) int32

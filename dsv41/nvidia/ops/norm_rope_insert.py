@@ -1,4 +1,5 @@
-"""After Wqkv, a program a token: RMSNorms, RoPE on kv, record insert, MXFP8 of qr (SPEC §2.2-2.4).
+"""After Wqkv, a program a token: RMSNorms, RoPE on kv, record insert, MXFP8 of qr (docs/design.md
+§2.2-2.4).
 
 ``qr = rmsnorm(qkv[:q_rank]) * q_norm`` and ``kv = rmsnorm(qkv[q_rank:]) *
 kv_norm`` in fp32, each rounded to bf16; kv's dims ``nope..`` turn forward by
@@ -24,8 +25,8 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.norm_tl import kv_angles_tl, kv_normed_tl, rms_factor_tl
+from dsv41.common.platform import current_platform
 from dsv41.common.switches import env_flag
-from dsv41.nvidia.ops.mx_gemm import interpreting
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 from dsv41.nvidia.ops.record_prefetch import prefetch_records_tl, record_row_ptrs_tl, rows_aligned
 
@@ -204,8 +205,9 @@ def norm_rope_insert(
 
 def prefetch_ahead(window_cache: PagedKVCache, compressed_cache: PagedKVCache | None) -> bool:
     """Whether the norm kernel asks the L2 for attention's records: ``DSV41_NORM_PREFETCH`` (1
-    or 0; off by default: H200, session 14, tp 4, M = 1 / 2: 29.3 / 28.9 and 43.1 / 42.5 us
-    against 26.6 / 26.7 and 39.9 / 39.8 off), on the GPU (no L2 in the interpreter) and where
+    or 0; off by default: 2.3 to 3.2 us a step slower at tp 4, M = 1 and 2, on the H200), where the platform has inline PTX (not ROCm, nor
+    the interpreter: no L2) and where
     every data row is 16-B aligned (the bulk prefetch's unit)."""
     caches = [window_cache] + ([compressed_cache] if compressed_cache is not None else [])
-    return env_flag("DSV41_NORM_PREFETCH", False) and not interpreting() and rows_aligned(*caches)
+    return (env_flag("DSV41_NORM_PREFETCH", False) and current_platform().ptx
+            and rows_aligned(*caches))
