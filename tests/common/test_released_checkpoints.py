@@ -102,6 +102,8 @@ def test_layer_kinds_and_prefixes_from_the_config():
     raw = public_v4()
     raw["compress_ratios"] = V4_RATIOS[:43]
     assert parse_hf_config(raw)[0].compress_ratios == tuple(V4_RATIOS)
+    del raw["num_nextn_predict_layers"]  # no MTP layers
+    assert parse_hf_config(raw)[0].total_layers == 43
 
 
 def _edit(path: list, value):
