@@ -334,8 +334,11 @@ def parse_hf_config(raw: dict, name: str = "checkpoint") -> tuple[ModelConfig, l
     qwhere = where if "quantization_config" in text else ""
     if quant is None:
         raise ConfigError("quantization_config: missing (expected fp8 e4m3 weights with ue8m0 block scales)")
-    out = {ours: _hf_value(text, theirs, where) for theirs, ours in HF_FIELDS.items()
-           if theirs in text or ours != "mtp_layers"}
+    optional = {"num_nextn_predict_layers": 0}  # a model without MTP layers may leave it out
+    out = {
+        ours: text.get(theirs, optional[theirs]) if theirs in optional else _hf_value(text, theirs, where)
+        for theirs, ours in HF_FIELDS.items()
+    }
     head_dim, rope_dim = out["head_dim"], out["rope_dim"]
     if isinstance(head_dim, int) and isinstance(rope_dim, int):
         out["nope_dim"] = head_dim - rope_dim

@@ -102,6 +102,8 @@ def test_layer_kinds_and_prefixes_from_the_config():
     raw = public_v4()
     raw["compress_ratios"] = V4_RATIOS[:43]
     assert parse_hf_config(raw)[0].compress_ratios == tuple(V4_RATIOS)
+    del raw["num_nextn_predict_layers"]  # no MTP layers
+    assert parse_hf_config(raw)[0].total_layers == 43
 
 
 def _edit(path: list, value):
@@ -395,3 +397,14 @@ def test_real_shapes_one_layer_headers(tmp_path, like):
         assert rows["layers.0.attn.wq_b.weight"] == ("float8_e4m3fn", "[32768, 1280]")
         assert rows["layers.0.attn.wq_b.scale"] == ("float8_e8m0fnu", "[1024, 40]")
     assert rows["layers.0.attn.attn_sink"] == ("float32", "[64]")
+
+
+def test_the_server_module_takes_a_model_directory(dirs):
+    from dsv41.layer import DSV41Attention
+
+    d = dirs["dsv4-flash"]
+    attn = DSV41Attention(str(d), tp=2, rank=1, layer_id=3, backend="reference")  # mtp.0
+    assert attn.dims.model.weight_block == (128, 128) and attn.weights.prefix == "mtp.0.attn."
+    loaded = attn.load_weights(iter_checkpoint(d, "mtp.0.attn."))
+    sink = dict(iter_checkpoint(d, "mtp.0.attn."))["mtp.0.attn.attn_sink"]
+    assert len(loaded) == 13 and torch.equal(attn.weights.attn_sink.data, sink[32:])
