@@ -334,8 +334,11 @@ def parse_hf_config(raw: dict, name: str = "checkpoint") -> tuple[ModelConfig, l
     qwhere = where if "quantization_config" in text else ""
     if quant is None:
         raise ConfigError("quantization_config: missing (expected fp8 e4m3 weights with ue8m0 block scales)")
-    out = {ours: _hf_value(text, theirs, where) for theirs, ours in HF_FIELDS.items()
-           if theirs in text or ours != "mtp_layers"}
+    optional = {"num_nextn_predict_layers": 0}  # a model without MTP layers may leave it out
+    out = {
+        ours: text.get(theirs, optional[theirs]) if theirs in optional else _hf_value(text, theirs, where)
+        for theirs, ours in HF_FIELDS.items()
+    }
     head_dim, rope_dim = out["head_dim"], out["rope_dim"]
     if isinstance(head_dim, int) and isinstance(rope_dim, int):
         out["nope_dim"] = head_dim - rope_dim
@@ -344,19 +347,19 @@ def parse_hf_config(raw: dict, name: str = "checkpoint") -> tuple[ModelConfig, l
     out["rope"] = _hf_rope(text, where)
     out["weight_block"] = _hf_quantization(quant, qwhere)
     out["name"] = name
-    unmapped = sorted(
-        f"{where}{k}" for k in text if k not in HF_FIELDS and k not in HF_ROPE and k not in HF_CHECKED
-    )
+    unmapped = [f"{where}{k}" for k in text if k not in HF_FIELDS and k not in HF_ROPE
+                and k not in HF_CHECKED]
     if where:
-        unmapped += sorted(k for k in raw if k not in ("text_config", "quantization_config"))
-    ours_to_theirs = {ours: theirs for theirs, ours in HF_FIELDS.items()}
+        unmapped += [k for k in raw if k not in ("text_config", "quantization_config")]
+    ours_to_theirs = {ours: f"{where}{theirs}" for theirs, ours in HF_FIELDS.items()}
+    ours_to_theirs["weight_block"] = f"{qwhere}quantization_config.weight_block_size"
     try:
-        return parse_model_config(out), unmapped
+        return parse_model_config(out), sorted(unmapped)
     except ConfigError as e:  # name the config.json field, not dsv41's
         msg = str(e)
         ours = msg.split(":", 1)[0].split("[", 1)[0]
         if ours in ours_to_theirs:
-            msg = f"{where}{ours_to_theirs[ours]}{msg[len(ours):]} (dsv41's {ours})"
+            msg = f"{ours_to_theirs[ours]}{msg[len(ours):]} (dsv41's {ours})"
         raise ConfigError(msg) from None
 
 
