@@ -170,11 +170,11 @@ def _amd_facts(kernel, warps: int, arch: str, dump: Path | None) -> dict:
     def field(name: str) -> int:
         return max(int(v) for v in re.findall(rf"\.{name}:\s+(\d+)", gcn))
 
-    vgpr, agpr, lds = field("vgpr_count"), field("agpr_count"), kernel.metadata.shared
-    lane = -(-(-(-vgpr // 4) * 4 + agpr) // 8) * 8  # AGPRs follow the VGPRs, 4-aligned; granule 8
-    waves = min(SIMD_WAVES, SIMD_REGISTERS // max(lane, 1))
+    # .vgpr_count is a lane's whole allocation: the VGPRs, 4-aligned, then the AGPRs
+    total, agpr, lds = field("vgpr_count"), field("agpr_count"), kernel.metadata.shared
+    waves = min(SIMD_WAVES, SIMD_REGISTERS // max(-(-total // 8) * 8, 1))  # granule of 8
     return {
-        "vgpr": vgpr,
+        "vgpr": total - agpr,
         "agpr": agpr,
         "vgpr_spills": field("vgpr_spill_count"),
         "sgpr_spills": field("sgpr_spill_count"),
