@@ -1,4 +1,5 @@
-"""Microseconds per layer step vs the SPEC §8 floor and the eager reference: see ``dsv41.bench``."""
+"""Microseconds per layer step vs the docs/design.md §8 floor and the eager reference: see
+``dsv41.bench``."""
 
 import sys
 

@@ -26,6 +26,7 @@ from dsv41.amd.mono.plan import MAX_TOKENS as MONO_MAX_TOKENS
 from dsv41.amd.mono.plan import MONO_TP
 from dsv41.common import switches
 from dsv41.common.kv_cache import RECORD_FORMATS
+from dsv41.common.platform import Platform
 from dsv41.common.step_inputs import StepInputs
 from dsv41.common.weights import LayerWeights
 
@@ -122,25 +123,6 @@ def available(tp: int, tokens: int, requested: str | None = None) -> list[str]:
                 raise ValueError(f"--backends: {n} cannot run at tp {tp} with {tokens} tokens")
         names = wanted
     return names
-
-
-@dataclasses.dataclass(frozen=True)
-class Platform:
-    kind: str  # "cuda", "rocm" or "cpu"
-    arch: str  # "sm90", "sm100", "gfx942", ... ("" on CPU)
-    interpret: bool  # TRITON_INTERPRET=1: Triton kernels run on the CPU
-
-
-def detect_platform() -> Platform:
-    """What this process runs on: the current GPU's vendor and architecture, or the CPU."""
-    interpret = switches.interpreting()
-    if not torch.cuda.is_available():
-        return Platform("cpu", "", interpret)
-    if torch.version.hip:
-        arch = torch.cuda.get_device_properties(torch.cuda.current_device()).gcnArchName
-        return Platform("rocm", arch.split(":")[0], interpret)
-    major, minor = torch.cuda.get_device_capability()
-    return Platform("cuda", f"sm{major}{minor}", interpret)
 
 
 def _nvidia_native(arch: str) -> bool:

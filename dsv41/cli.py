@@ -99,6 +99,12 @@ def cmd_parity(args) -> int:
 
         deploy = load_deploy_config(args.deploy)
         args.config, args.tp, args.record_format = deploy.model, deploy.tp, deploy.record_format
+    if args.checkpoint:
+        from dsv41.common.checkpoint import checkpoint_model
+
+        args.config = checkpoint_model(args.checkpoint, args.config)  # its config.json by default
+    elif args.config is None:
+        args.config = "tiny"
     dims = _geometry(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     layer = LayerWeights(dims, args.rank, args.layer, device=device)
@@ -106,7 +112,8 @@ def cmd_parity(args) -> int:
         from dsv41.common.checkpoint import load_layer
 
         load_layer(args.checkpoint, layer)
-        source = f"checkpoint {args.checkpoint}"
+        skipped = f", {len(layer.last_skipped)} compressor/indexer tensors skipped" if layer.last_skipped else ""
+        source = f"checkpoint {args.checkpoint}{skipped}"
     else:
         layer.dummy_load(args.seed)
         source = f"synthetic weights (seed {args.seed})"
@@ -136,16 +143,28 @@ def cmd_parity(args) -> int:
 def cmd_checkpoint_synth(args) -> int:
     from dsv41.common.checkpoint import synth_checkpoint
 
-    index = synth_checkpoint(args.config, args.layers, args.out, shards=args.shards, seed=args.seed)
-    print(f"wrote {args.layers} layer(s) of {args.config} in {args.shards} shard(s): {index}")
+    config = args.config or args.like or "tiny"
+    index = synth_checkpoint(config, args.layers, args.out, shards=args.shards, seed=args.seed,
+                             mtp=args.mtp, like=args.like, others=args.others)
+    layout = f", {args.like} layout" if args.like else ""
+    print(f"wrote {args.layers} layer(s) + {args.mtp} MTP layer(s) of {config}{layout} "
+          f"in {args.shards} shard(s): {index}")
     return 0
 
 
 def cmd_checkpoint_inspect(args) -> int:
+    from pathlib import Path
+
     from dsv41.common.checkpoint import format_table, inspect_checkpoint
+    from dsv41.config import HF_CONFIG, read_hf_config
 
     rows = inspect_checkpoint(args.dir, args.config)
     print(format_table(rows))
+    if args.config is None and (Path(args.dir) / HF_CONFIG).is_file():
+        m, unmapped = read_hf_config(args.dir)
+        print(f"model from {HF_CONFIG}: {m.num_layers} layers + {m.mtp_layers} MTP, hidden {m.hidden}, "
+              f"scale blocks {m.weight_block[0]} x {m.weight_block[1]}; fields not mapped "
+              f"(not the attention step's): {', '.join(unmapped) or 'none'}")
     print(f"{args.dir}: {len(rows)} tensors, all valid")
     return 0
 
@@ -155,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def geometry_args(sp):
-        sp.add_argument("--config", default="tiny", help="model config name or YAML path (default tiny)")
+        sp.add_argument("--config", default="tiny", help="model config name, YAML path or model directory (default tiny)")
         sp.add_argument("--tp", type=int, default=1, help="tensor-parallel size: 1, 2, 4 or 8")
         sp.add_argument("--tokens", type=int, default=1, help="tokens in the step (M)")
 
@@ -165,14 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--layer", type=int, default=1, help="layer id (decides RoPE and top-k)")
     sp.add_argument("--record-format", default="fp8_ds_mla", choices=["fp8_ds_mla", "fp8_mx"])
     sp.add_argument("--deploy", help="deployment config (configs/deploy/NAME.yaml): sets config, tp, record format")
-    sp.add_argument("--checkpoint", help="checkpoint directory (default: synthetic weights)")
+    sp.add_argument("--checkpoint", help="checkpoint or downloaded model directory (default: synthetic "
+                    "weights); its config.json is the model unless --config is given")
     sp.add_argument("--backends", help="comma-separated kernel backends to compare (default: all available)")
     sp.add_argument("--rel-tol", type=float, default=DEFAULT_REL_TOL, help="max relative L2 error a seam")
     sp.add_argument("--code-agreement", type=float, default=DEFAULT_CODE_AGREEMENT,
                     help="min fraction of equal E8M0 codes in MX seams")
     sp.add_argument("--json", help="write the comparisons to this JSON file")
     sp.add_argument("--seed", type=int, default=0)
-    sp.set_defaults(func=cmd_parity, tp=2, tokens=4)
+    sp.set_defaults(func=cmd_parity, tp=2, tokens=4, config=None)
 
     sp = sub.add_parser("bench", add_help=False,
                         help="us per layer step of backends vs the floor and the reference (GPU); "
@@ -188,15 +208,22 @@ def build_parser() -> argparse.ArgumentParser:
         dest="checkpoint_command", required=True
     )
     sp = ck.add_parser("synth", help="write a synthetic checkpoint with the real names, dtypes and shapes")
-    sp.add_argument("--config", default="tiny", help="model config name or YAML path")
+    sp.add_argument("--config", help="model config name, YAML path or model directory (default: "
+                    "--like's model, else tiny)")
+    sp.add_argument("--like", choices=["dsv41-flash", "dsv4-flash"],
+                    help="write the released layout: that model's config.json form and scale blocks")
     sp.add_argument("--layers", type=int, default=1, help="layers 0 .. L-1 to write")
+    sp.add_argument("--mtp", type=int, default=0, help="MTP layers mtp.0 .. mtp.N-1 to write")
+    sp.add_argument("--others", action="store_true",
+                    help="also write stand-ins for the rest of the model (compressor, indexer, norms, ...)")
     sp.add_argument("--out", required=True, help="output directory")
     sp.add_argument("--shards", type=int, default=4, help="safetensors files to spread the tensors over")
     sp.add_argument("--seed", type=int, default=0)
     sp.set_defaults(func=cmd_checkpoint_synth)
     sp = ck.add_parser("inspect", help="validate a checkpoint against a model config; print its tensors")
     sp.add_argument("dir", help="checkpoint directory (safetensors files + index JSON)")
-    sp.add_argument("--config", help="model config (default: the one recorded in the index)")
+    sp.add_argument("--config", help="model config (default: the directory's config.json, else the "
+                    "one recorded in the index)")
     sp.set_defaults(func=cmd_checkpoint_inspect)
 
     sp = sub.add_parser("reference", help="run one reference step on random MXFP8 weights")

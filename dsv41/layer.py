@@ -1,8 +1,9 @@
-"""``DSV41Attention``: the module a server uses; picks a backend at init (SPEC §6).
+"""``DSV41Attention``: the module a server uses; picks a backend at init (docs/design.md §6).
 
 ``dsv41.backends.select`` makes the choice (platform, tp, tokens a step; ``backend=``
 or ``DSV41_BACKEND`` overrides); an impossible request fails at init saying why. One
-log line records the choice and the reason.
+log line records the choice, the reason and the NVIDIA-only features the platform turns
+on (``dsv41.common.platform``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import torch
 from torch import nn
 
 from dsv41 import backends
-from dsv41.backends import DEFAULT_MAX_TOKENS, Platform, detect_platform
+from dsv41.backends import DEFAULT_MAX_TOKENS
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import PagedKVCache
+from dsv41.common.platform import Platform, detect_platform
 from dsv41.common.step_inputs import StepInputs, check_step_inputs
 from dsv41.common.weights import LayerWeights
 from dsv41.config import ModelConfig, load_model_config
@@ -26,7 +28,7 @@ log = logging.getLogger("dsv41")
 
 @dataclasses.dataclass
 class CacheMetadata:
-    """What a step reads and writes besides x and positions (SPEC §4)."""
+    """What a step reads and writes besides x and positions (docs/design.md §4)."""
 
     slot_mapping: torch.Tensor  # int64 [M]: window-cache slot each new token's record goes to
     key_table: torch.Tensor  # int32 [M, KEYS]: slot | 1 << 31 compressed, window slot, -1 none
@@ -51,8 +53,7 @@ class DSV41Attention(nn.Module):
     ):
         super().__init__()
         cfg = model if isinstance(model, ModelConfig) else load_model_config(model)
-        if not 0 <= layer_id < cfg.num_layers:
-            raise ValueError(f"layer_id: expected 0 <= layer_id < {cfg.num_layers}, got {layer_id}")
+        cfg.checkpoint_prefix(layer_id)  # refuses a layer id the model does not have
         self.dims = Dims(tp, cfg)
         self.platform = platform or detect_platform()
         self.backend, self.reason = backends.select(self.platform, tp, max_tokens, backend)
@@ -64,7 +65,8 @@ class DSV41Attention(nn.Module):
         # A step past the backend's token limit (mono's scratch: a prefill step) takes nvidia's.
         self._forward_limit = chosen.limits.max_tokens
         self._large_forward = backends.get("nvidia").forward if self._forward_limit else None
-        log.info("dsv41: layer %d rank %d/%d: backend %s (%s)", layer_id, rank, tp, self.backend, self.reason)
+        log.info("dsv41: layer %d rank %d/%d: backend %s (%s); %s", layer_id, rank, tp, self.backend,
+                 self.reason, self.platform.features)
 
     def load_weights(self, weights) -> set[str]:
         """Checkpoint ``(name, tensor)`` pairs of this layer, through the permuting loaders."""

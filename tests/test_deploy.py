@@ -2,7 +2,8 @@
 
 import pytest
 
-from dsv41.backends import Platform, select
+from dsv41.backends import select
+from dsv41.common.platform import Platform
 from dsv41.common.geometry import Dims
 from dsv41.config import ConfigError, load_deploy_config
 

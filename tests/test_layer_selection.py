@@ -1,8 +1,10 @@
-"""Backend selection at init (SPEC §6): each platform, overrides and refusals with their messages."""
+"""Backend selection at init (docs/design.md §6): each platform, overrides and refusals with their
+messages."""
 
 import pytest
 
-from dsv41.backends import Platform, select
+from dsv41.backends import select
+from dsv41.common.platform import Platform
 
 H200 = Platform("cuda", "sm90", False)
 GB200 = Platform("cuda", "sm100", False)

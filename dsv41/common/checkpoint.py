@@ -1,18 +1,22 @@
-"""Checkpoints on disk: sharded safetensors files with an HF-style index (SPEC §3).
+"""Checkpoints on disk: sharded safetensors files with an HF-style index (docs/design.md §3;
+released layouts: docs/checkpoints.md).
 
 A checkpoint directory holds ``model-0000k-of-0000n.safetensors`` files and
 ``model.safetensors.index.json`` (``{"metadata": {...}, "weight_map": {name:
 file}}``), as Hugging Face writes them; a single ``model.safetensors`` without
 an index is read too. Tensors keep the public names and dtypes: ``layers.{i}.attn.
-<name>.weight`` F8_E4M3 with ``.scale`` F8_E8M0 on 32x32 blocks, ``q_norm`` /
-``kv_norm`` BF16, ``attn_sink`` F32. Reading is lazy: ``iter_checkpoint`` opens one
-file at a time through the index and reads only the tensors asked for, and
-``inspect_checkpoint`` reads headers only. The index's metadata records the
-model config name (``dsv41_model``) so ``inspect`` can default to it.
+<name>.weight`` F8_E4M3 with ``.scale`` F8_E8M0 on the model's scale blocks,
+``q_norm`` / ``kv_norm`` BF16, ``attn_sink`` F32; MTP layer ``j`` under
+``mtp.{j}.attn.``. Reading is lazy: ``iter_checkpoint`` opens one file at a time
+through the index and reads only the tensors asked for, and
+``inspect_checkpoint`` reads headers only. The model config comes from the
+directory's ``config.json`` (a downloaded model) or, for dsv41's own synthetic
+checkpoints, the config name in the index metadata (``dsv41_model``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -24,18 +28,19 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dsv41.common.weights import (
+    NOT_OURS,
     LayerWeights,
     WeightLoadError,
     layer_tensor_specs,
     synth_layer_tensors,
     tensor_problems,
 )
-from dsv41.config import ModelConfig, load_model_config
+from dsv41.config import HF_CONFIG, ModelConfig, load_model_config, read_hf_config
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 MODEL_KEY = "dsv41_model"  # index metadata: the model config the checkpoint was made for
-LAYER_NAME = re.compile(r"^layers\.(\d+)\.attn\.")
+LAYER_NAME = re.compile(r"^(layers|mtp)\.(\d+)\.attn\.")
 SAFETENSORS_DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
@@ -50,6 +55,14 @@ SAFETENSORS_DTYPES = {
     "I64": torch.int64,
     "BOOL": torch.bool,
 }
+# The released layouts ``synth --like`` writes: config.json's shape and the scale block.
+LAYOUTS = {
+    "dsv41-flash": {"nested": True, "block": (32, 32), "architecture": "DeepseekV41ForCausalLM",
+                    "model_type": "deepseek_v41"},
+    "dsv4-flash": {"nested": False, "block": (128, 128), "architecture": "DeepseekV4ForCausalLM",
+                   "model_type": "deepseek_v4"},
+}
+OTHERS_VOCAB = 64  # rows of the stand-in embedding and head ``--others`` writes
 
 
 class TensorRow(NamedTuple):
@@ -81,6 +94,63 @@ def _shard_of_each(sizes: Sequence[int], shards: int) -> list[int]:
     return out
 
 
+def hf_config_json(m: ModelConfig, like: str) -> dict:
+    """A config.json for model ``m`` in the released layout ``like`` (flat V4 or nested V4.1)."""
+    layout = LAYOUTS[like]
+    text = {
+        "hidden_size": m.hidden, "q_lora_rank": m.q_rank, "num_attention_heads": m.n_heads,
+        "num_key_value_heads": 1, "head_dim": m.head_dim, "qk_rope_head_dim": m.rope_dim,
+        "o_groups": m.o_groups, "o_lora_rank": m.o_rank, "sliding_window": m.window,
+        "index_topk": m.topk, "num_hidden_layers": m.num_layers,
+        "num_nextn_predict_layers": m.mtp_layers, "rms_norm_eps": m.eps,
+        "max_position_embeddings": m.max_position, "rope_theta": m.rope_window.theta,
+        "compress_rope_theta": m.rope_compressed.theta,
+        "compress_ratios": list(m.compress_ratios), "torch_dtype": "bfloat16",
+    }
+    y = m.rope_compressed.yarn
+    if y is not None:
+        text["rope_scaling"] = {
+            "rope_type" if layout["nested"] else "type": "yarn", "factor": y.factor,
+            "original_max_position_embeddings": y.original_max_position,
+            "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
+        }
+    quant = {"quant_method": "fp8", "activation_scheme": "dynamic",
+             "weight_block_size": list(layout["block"]), "scale_fmt": "ue8m0"}
+    if not layout["nested"]:
+        quant["fmt"] = "e4m3"
+        return {"architectures": [layout["architecture"]], "model_type": layout["model_type"],
+                **text, "quantization_config": quant}
+    return {"architectures": [layout["architecture"]], "model_type": layout["model_type"],
+            "quantization_config": {**quant, "expert_dtype": "fp4"},
+            "text_config": {"model_type": f"{layout['model_type']}_text", **text}}
+
+
+def other_tensors(m: ModelConfig, layer_ids: Sequence[int], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Stand-ins for the rest of a model directory (``--others``): the public names, small
+    shapes: embedding and head, each layer's norms, the compressor's and indexer's tensors
+    inside a compressed layer's attn namespace, the MTP layers' norms."""
+    def t(*shape):
+        return torch.randn(shape, generator=gen).bfloat16()
+
+    out = {"embed.weight": t(OTHERS_VOCAB, m.hidden), "norm.weight": t(m.hidden),
+           "head.weight": t(OTHERS_VOCAB, m.hidden)}
+    indexed = min((r for r in m.compress_ratios if r), default=0)
+    for i in layer_ids:
+        if i >= m.num_layers:
+            j = i - m.num_layers
+            out |= {f"mtp.{j}.enorm.weight": t(m.hidden), f"mtp.{j}.hnorm.weight": t(m.hidden)}
+            continue
+        out |= {f"layers.{i}.attn_norm.weight": t(m.hidden), f"layers.{i}.ffn_norm.weight": t(m.hidden)}
+        ratio = m.compress_ratios[i]
+        if ratio:
+            p = f"layers.{i}.attn.compressor."
+            out |= {p + "wkv.weight": t(m.head_dim, 32), p + "norm.weight": t(m.head_dim)}
+        if ratio == indexed and ratio:
+            p = f"layers.{i}.attn.indexer."
+            out |= {p + "wq_b.weight": t(64, 32), p + "k_norm.weight": t(64)}
+    return out
+
+
 def synth_checkpoint(
     model_name_or_cfg: str | ModelConfig,
     layers: int,
@@ -88,24 +158,42 @@ def synth_checkpoint(
     *,
     shards: int = 4,
     seed: int = 0,
+    mtp: int = 0,
+    like: str | None = None,
+    others: bool = False,
 ) -> Path:
-    """Write random layers ``0 .. layers-1`` in ``shards`` safetensors files; the index path.
+    """Write random layers ``0 .. layers-1`` and MTP layers ``0 .. mtp-1`` in ``shards``
+    safetensors files; the index path.
 
-    Layer ``i`` draws from its own generator (seeded from ``seed`` and ``i``),
-    so its tensors do not depend on ``layers`` or ``shards``. One or two layers
-    are held in memory at a time.
+    ``like`` (``dsv41-flash`` or ``dsv4-flash``) writes the released layout: a
+    config.json in that model's form (the geometry is ``model``'s) and scales on
+    its blocks; without it the index metadata names the config. ``others`` adds
+    stand-ins for the rest of the model (``other_tensors``). Layer ``i`` draws
+    from its own generator (seeded from ``seed`` and ``i``), so its tensors do
+    not depend on ``layers`` or ``shards``. One or two layers are held in memory
+    at a time.
     """
     m = _model(model_name_or_cfg)
-    if not 1 <= layers <= m.num_layers:
+    if like is not None:
+        if like not in LAYOUTS:
+            raise ValueError(f"like: expected one of {sorted(LAYOUTS)}, got {like!r}")
+        m = dataclasses.replace(m, weight_block=LAYOUTS[like]["block"])
+    lowest = 0 if mtp else 1
+    if not lowest <= layers <= m.num_layers:
         raise ValueError(
-            f"layers: expected 1 <= layers <= num_layers = {m.num_layers}, got {layers}"
+            f"layers: expected {lowest} <= layers <= num_layers = {m.num_layers}, got {layers}"
         )
-    specs = {i: layer_tensor_specs(m, i) for i in range(layers)}
-    names = [(i, name) for i in range(layers) for name in specs[i]]
+    if not 0 <= mtp <= m.mtp_layers:
+        raise ValueError(f"mtp: expected 0 <= mtp <= mtp_layers = {m.mtp_layers}, got {mtp}")
+    layer_ids = [*range(layers), *range(m.num_layers, m.num_layers + mtp)]
+    specs = {i: layer_tensor_specs(m, i) for i in layer_ids}
+    extra = other_tensors(m, layer_ids, torch.Generator().manual_seed(seed)) if others else {}
+    names = [(i, name) for i in layer_ids for name in specs[i]] + [(-1, name) for name in extra]
     if not 1 <= shards <= len(names):
         raise ValueError(f"shards: expected 1 <= shards <= {len(names)} tensors, got {shards}")
     sizes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in
-             (specs[i][name] for i, name in names)]
+             (specs[i][name] for i, name in names if i >= 0)]
+    sizes += [t.numel() * t.element_size() for t in extra.values()]
     owner = _shard_of_each(sizes, shards)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,16 +205,21 @@ def synth_checkpoint(
         for (i, name), s in zip(names, owner, strict=True):
             if s != k:
                 continue
-            if cached[0] != i:
-                gen = torch.Generator().manual_seed(seed * m.num_layers + i)
-                cached = (i, synth_layer_tensors(m, i, gen))
-            tensors[name] = cached[1][name]
+            if i < 0:
+                tensors[name] = extra[name]
+            else:
+                if cached[0] != i:
+                    gen = torch.Generator().manual_seed(seed * m.total_layers + i)
+                    cached = (i, synth_layer_tensors(m, i, gen))
+                tensors[name] = cached[1][name]
             weight_map[name] = file
         save_file(tensors, str(out / file), metadata={"format": "pt"})
-    index = {
-        "metadata": {"total_size": sum(sizes), MODEL_KEY: m.name},
-        "weight_map": dict(sorted(weight_map.items())),
-    }
+    metadata = {"total_size": sum(sizes)}
+    if like is None:
+        metadata[MODEL_KEY] = m.name
+    else:
+        (out / HF_CONFIG).write_text(json.dumps(hf_config_json(m, like), indent=2) + "\n")
+    index = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
     path = out / INDEX_FILE
     path.write_text(json.dumps(index, indent=2) + "\n")
     return path
@@ -148,9 +241,8 @@ def _read_index(ckpt_dir: Path) -> tuple[dict[str, str], dict]:
     raise WeightLoadError(f"{ckpt_dir}: expected {INDEX_FILE} or {SINGLE_FILE}, got neither")
 
 
-def _by_file(weight_map: dict[str, str], layer_id: int | None) -> dict[str, list[str]]:
-    """File -> the names it holds (in index order), only layer ``layer_id``'s if given."""
-    prefix = None if layer_id is None else f"layers.{layer_id}.attn."
+def _by_file(weight_map: dict[str, str], prefix: str | None) -> dict[str, list[str]]:
+    """File -> the names it holds (in index order), only those starting with ``prefix`` if given."""
     files: dict[str, list[str]] = {}
     for name, file in weight_map.items():
         if prefix is None or name.startswith(prefix):
@@ -171,39 +263,64 @@ def _open(ckpt_dir: Path, file: str, names: list[str]):
 
 
 def iter_checkpoint(
-    ckpt_dir: str | Path, layer_id: int | None = None
+    ckpt_dir: str | Path, prefix: str | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of every tensor (layer ``layer_id``'s if given), one file at a time."""
+    """``(name, tensor)`` of every tensor (those whose name starts with ``prefix`` if given,
+    e.g. a layer's ``layers.2.attn.`` or ``mtp.0.attn.``), one file at a time."""
     ckpt_dir = Path(ckpt_dir)
     weight_map, _ = _read_index(ckpt_dir)
-    for file, names in _by_file(weight_map, layer_id).items():
+    for file, names in _by_file(weight_map, prefix).items():
         with _open(ckpt_dir, file, names) as f:
             for name in names:
                 yield name, f.get_tensor(name)
 
 
+def checkpoint_model(ckpt_dir: str | Path, model: str | ModelConfig | None = None) -> ModelConfig:
+    """The model a checkpoint directory holds: ``model`` if given, else its config.json,
+    else the config named in its index metadata."""
+    ckpt_dir = Path(ckpt_dir)
+    if model is not None:
+        return _model(model)
+    if (ckpt_dir / HF_CONFIG).is_file():
+        return read_hf_config(ckpt_dir)[0]
+    _, metadata = _read_index(ckpt_dir)
+    if MODEL_KEY not in metadata:
+        raise WeightLoadError(
+            f"model: expected a config name, {ckpt_dir / HF_CONFIG} or {MODEL_KEY!r} in the index "
+            "metadata, got none of them"
+        )
+    return _model(metadata[MODEL_KEY])
+
+
+def _layer_id(m: ModelConfig, match: re.Match) -> tuple[int, str | None]:
+    """``(layer id, problem)`` of a ``layers.{i}.attn.`` / ``mtp.{j}.attn.`` name."""
+    kind, k = match.group(1), int(match.group(2))
+    if kind == "layers":
+        if k >= m.num_layers:
+            return k, f"expected a layer below num_layers = {m.num_layers} of {m.name!r}, got layer {k}"
+        return k, None
+    if k >= m.mtp_layers:
+        return k, f"expected an MTP layer below mtp_layers = {m.mtp_layers} of {m.name!r}, got mtp.{k}"
+    return m.num_layers + k, None
+
+
 def inspect_checkpoint(
     ckpt_dir: str | Path, model: str | ModelConfig | None = None
 ) -> list[TensorRow]:
-    """Check every ``layers.{i}.attn.*`` tensor against the model (headers only); the table rows.
+    """Check every layer's attention tensors against the model (headers only); the table rows.
 
-    Every layer with at least one tensor must hold all of its tensors with the
-    right dtypes and shapes, and no others. ``model`` defaults to the one named
-    in the index metadata. Tensors outside ``layers.{i}.attn.`` (the rest of a
-    full model's checkpoint) are listed but not checked. Raises one
-    ``WeightLoadError`` listing every problem.
+    Every layer (``layers.{i}.attn.``, ``mtp.{j}.attn.``) with at least one tensor
+    must hold all of its tensors with the right dtypes and shapes, and no
+    others; the compressor's and indexer's tensors in that namespace are listed
+    but not checked, as is everything outside it (the rest of a full model).
+    ``model`` defaults to ``checkpoint_model``'s. Raises one ``WeightLoadError``
+    listing every problem.
     """
     ckpt_dir = Path(ckpt_dir)
-    weight_map, metadata = _read_index(ckpt_dir)
-    if model is None:
-        if MODEL_KEY not in metadata:
-            raise WeightLoadError(
-                f"model: expected a config name or {MODEL_KEY!r} in the index metadata, got neither"
-            )
-        model = metadata[MODEL_KEY]
-    m = _model(model)
+    weight_map, _ = _read_index(ckpt_dir)
+    m = checkpoint_model(ckpt_dir, model)
     found: dict[int, dict[str, tuple[torch.dtype | str, tuple[int, ...]]]] = {}
-    rows = []
+    rows, problems = [], []
     for file, names in _by_file(weight_map, None).items():
         with _open(ckpt_dir, file, names) as f:
             for name in names:
@@ -213,19 +330,18 @@ def inspect_checkpoint(
                 dtype_name = str(dtype).removeprefix("torch.")
                 rows.append(TensorRow(name, dtype_name, str(list(shape)), file))
                 layer = LAYER_NAME.match(name)
-                if layer:
-                    found.setdefault(int(layer.group(1)), {})[name] = (dtype, shape)
-    if not found:
-        raise WeightLoadError(f"{ckpt_dir}: expected layers.{{i}}.attn.* tensors, got none")
-    problems = []
+                if not layer or name[layer.end():].startswith(NOT_OURS):
+                    continue
+                layer_id, problem = _layer_id(m, layer)
+                if problem:
+                    problems.append(f"{name}: {problem}")
+                else:
+                    found.setdefault(layer_id, {})[name] = (dtype, shape)
+    if not found and not problems:
+        raise WeightLoadError(
+            f"{ckpt_dir}: expected layers.{{i}}.attn.* or mtp.{{j}}.attn.* tensors, got none"
+        )
     for layer_id, tensors in sorted(found.items()):
-        if layer_id >= m.num_layers:
-            problems += [
-                f"{name}: expected a layer below num_layers = {m.num_layers} of {m.name!r}, "
-                f"got layer {layer_id}"
-                for name in tensors
-            ]
-            continue
         problems += tensor_problems(
             tensors, layer_tensor_specs(m, layer_id), unexpected_hint=f" in layer {layer_id}"
         )
@@ -240,8 +356,9 @@ def _natural_key(row: TensorRow) -> list[int | str]:
 
 
 def load_layer(ckpt_dir: str | Path, layer_weights: LayerWeights) -> set[str]:
-    """Load one rank's ``LayerWeights`` from a checkpoint directory (its layer's tensors only)."""
-    return layer_weights.load_weights(iter_checkpoint(ckpt_dir, layer_weights.layer_id))
+    """Load one rank's ``LayerWeights`` from a checkpoint directory (its layer's tensors only;
+    the compressor's and indexer's end up in ``layer_weights.last_skipped``)."""
+    return layer_weights.load_weights(iter_checkpoint(ckpt_dir, layer_weights.prefix))
 
 
 def format_table(rows: Sequence[TensorRow]) -> str:

@@ -1,4 +1,4 @@
-"""Fused Q and O layouts: load-time permutations so no kernel shuffles per step (SPEC §5).
+"""Fused Q and O layouts: load-time permutations so no kernel shuffles per step (docs/design.md §5).
 
 The wq_b GEMM emits q in the *fused Q layout*: 16-dim chunks interleaved across
 a rank's heads, so an attention program reading one 16-dim slice of every head

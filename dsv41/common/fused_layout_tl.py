@@ -1,4 +1,4 @@
-"""A tile of q read from the fused Q layout (SPEC §5) as device helpers: both backends'
+"""A tile of q read from the fused Q layout (docs/design.md §5) as device helpers: both backends'
 attention reads q this way (nvidia's mega attention, mono's attention task).
 
 The fused Q layout keeps a token's q as ``[head_dim / Q_CHUNK chunks, heads, Q_CHUNK]``: a
@@ -6,7 +6,7 @@ chunk's 16 dims of consecutive heads are contiguous. A tile of heads is read in 
 order, ``[chunks, tile * Q_CHUNK]`` (a warp's read covers 512 contiguous bytes), and permuted to
 ``[tile, head_dim]`` in registers. Reading it head by head instead made each warp's read span
 32 lines, ``heads * 32`` B apart: about 2,200 cycles a program against 1,300 this way (nvidia's
-attention, H200, session 24).
+attention on the H200).
 """
 
 from __future__ import annotations

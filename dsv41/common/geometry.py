@@ -1,4 +1,4 @@
-"""Per-rank geometry of the layer step (SPEC §1).
+"""Per-rank geometry of the layer step (docs/design.md §1).
 
 A TP rank holds ``heads = n_heads / tp`` consecutive query heads and
 ``groups = o_groups / tp`` whole wo_a groups; everything a kernel sizes itself

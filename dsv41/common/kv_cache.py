@@ -1,4 +1,4 @@
-"""KV records, paged caches and the key table (SPEC §4).
+"""KV records, paged caches and the key table (docs/design.md §4).
 
 Two record formats hold one token's 512-dim KV (K = V):
 

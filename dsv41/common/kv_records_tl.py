@@ -1,4 +1,5 @@
-"""KV records inside kernels: key-table decode, record loads and stores, both formats (SPEC §4).
+"""KV records inside kernels: key-table decode, record loads and stores, both formats
+(docs/design.md §4).
 
 The ``@triton.jit`` helpers here read and write exactly the bytes that
 ``dsv41.common.kv_cache.pack_records`` lays out, for both record formats, picked

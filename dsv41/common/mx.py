@@ -1,4 +1,4 @@
-"""MXFP8: e4m3 values with one E8M0 power-of-two code per 32 values (SPEC §3).
+"""MXFP8: e4m3 values with one E8M0 power-of-two code per 32 values (docs/design.md §3).
 
 ``code = clamp(ceil(log2(amax / 448)) + 127, 0, 254)``, ``scale = 2^(code - 127)``,
 ``value = e4m3(clamp(x / scale, -448, 448))``; a block whose amax is 0 gets code 0
@@ -78,21 +78,53 @@ def mxfp8_round(x: torch.Tensor) -> torch.Tensor:
     return mxfp8_dequantize(*mxfp8_quantize(x))
 
 
-def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checkpoint format: ``w [N, K]`` -> ``(e4m3 [N, K], codes uint8 [N/32, K/32])``, one code a 32x32 block."""
+def _check_block(block: tuple[int, int]) -> None:
+    bn, bk = block
+    if bn <= 0 or bk <= 0 or bk % MX_BLOCK:
+        raise ValueError(
+            f"block: expected (rows, cols) > 0 with cols a multiple of {MX_BLOCK}, got {tuple(block)}"
+        )
+
+
+def quantize_weight_blocks(
+    w: torch.Tensor, block: tuple[int, int] = (MX_BLOCK, MX_BLOCK)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint format: ``w [N, K]`` -> ``(e4m3 [N, K], codes uint8 [ceil(N/bn), ceil(K/bk)])``,
+    one code a ``block = (bn, bk)`` block (a last partial block takes the amax of what it holds)."""
+    _check_block(block)
     n, k = w.shape
-    if n % MX_BLOCK or k % MX_BLOCK:
-        raise ValueError(f"w: expected both dims multiples of {MX_BLOCK}, got {tuple(w.shape)}")
-    blocks = w.float().reshape(n // MX_BLOCK, MX_BLOCK, k // MX_BLOCK, MX_BLOCK)
+    if k % MX_BLOCK:
+        raise ValueError(f"w: expected K a multiple of {MX_BLOCK}, got {tuple(w.shape)}")
+    bn, bk = block
+    nb, kb = -(-n // bn), -(-k // bk)
+    padded = torch.zeros(nb * bn, kb * bk, dtype=torch.float32, device=w.device)
+    padded[:n, :k] = w.float()
+    blocks = padded.reshape(nb, bn, kb, bk)
     codes = e8m0_code(blocks.abs().amax(dim=(1, 3)))
     inv_scale = pow2(E8M0_BIAS - codes.int())
-    values = e4m3_saturate(blocks * inv_scale[:, None, :, None])
-    return values.reshape(n, k), codes
+    values = e4m3_saturate(blocks * inv_scale[:, None, :, None]).reshape(nb * bn, kb * bk)
+    return values[:n, :k].contiguous(), codes
 
 
-def block_to_row_scales(block_codes: torch.Tensor) -> torch.Tensor:
-    """``[N/32, K/32]`` 32x32-block codes -> ``[N, K/32]`` per-row codes (each repeated on its 32 rows)."""
-    return block_codes.repeat_interleave(MX_BLOCK, dim=0)
+def block_to_row_scales(
+    block_codes: torch.Tensor,
+    block: tuple[int, int] = (MX_BLOCK, MX_BLOCK),
+    shape: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Block codes ``[ceil(N/bn), ceil(K/bk)]`` -> per-row codes ``[N, K/32]``: each code repeated
+    on its block's rows and on each 32 columns it covers. ``shape`` = (N, K) of the weight
+    (default: whole blocks)."""
+    _check_block(block)
+    bn, bk = block
+    nb, kb = block_codes.shape
+    n, k = shape if shape is not None else (nb * bn, kb * bk)
+    if (nb, kb) != (-(-n // bn), -(-k // bk)) or k % MX_BLOCK:
+        raise ValueError(
+            f"block_codes: expected [{-(-n // bn)}, {-(-k // bk)}] for a [{n}, {k}] weight in "
+            f"{bn} x {bk} blocks, got {list(block_codes.shape)}"
+        )
+    rows = block_codes.repeat_interleave(bk // MX_BLOCK, dim=1)[:, : k // MX_BLOCK]
+    return rows.repeat_interleave(bn, dim=0)[:n]
 
 
 def dequantize_weight(values: torch.Tensor, row_codes: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The RMSNorm factor as a device helper, shared by both backends (SPEC §2.2), and a token's
-new key (SPEC §2.2-2.3: kv normalised, then RoPE'd) as nvidia's norm kernel makes it.
+"""The RMSNorm factor as a device helper, shared by both backends (docs/design.md §2.2), and a
+token's
+new key (docs/design.md §2.2-2.3: kv normalised, then RoPE'd) as nvidia's norm kernel makes it.
 
 ``reference.rmsnorm`` scales by ``torch.rsqrt(mean(x^2) + eps)``; kernels take
 the factor from here (``tl.rsqrt``, the same hardware reciprocal square root

@@ -1,4 +1,5 @@
-"""The layer step of SPEC §2 for one TP rank, in plain PyTorch: what every kernel is checked against.
+"""The layer step of docs/design.md §2 for one TP rank, in plain PyTorch: what every kernel is
+checked against.
 
 Every rounding point of the contract is explicit: MXFP8 casts through
 ``dsv41.common.mx``, fp32 accumulation, bf16 at the seams. The step takes the
@@ -81,7 +82,7 @@ def attention_core(
 
 def reference_step(layer: LayerWeights, inputs: StepInputs) -> Seams:
     """One decode step of one rank; inserts the new records into ``window_cache`` at
-    ``slot_mapping`` (``StepInputs`` says what each input holds)."""
+    ``slot_mapping`` (``StepInputs`` says what each input holds; docs/design.md §4)."""
     x, positions, window_cache = inputs.x, inputs.positions, inputs.window_cache
     dims, m = layer.dims, layer.dims.model
     n_tok = x.shape[0]

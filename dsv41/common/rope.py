@@ -1,4 +1,4 @@
-"""RoPE on the last 64 dims of a head: GPT-J interleaved pairs (SPEC §1, §2).
+"""RoPE on the last 64 dims of a head: GPT-J interleaved pairs (docs/design.md §1, §2).
 
 Pair i is dims ``(nope + 2i, nope + 2i + 1)`` and turns by ``pos * inv_freq[i]``:
 ``v0' = v0 c - v1 s``, ``v1' = v0 s + v1 c``; the inverse (applied to the

@@ -1,5 +1,5 @@
-"""The inputs of a layer step (SPEC §4) as every backend takes them: ``StepInputs``, and the
-checks they share.
+"""The inputs of a layer step (docs/design.md §4) as every backend takes them: ``StepInputs``,
+and the checks they share.
 
 Every step function of the project has the signature ``step(layer, inputs)``:
 the reference, each backend's step and forward, the mono launcher and its

@@ -1,8 +1,10 @@
-"""The layer's parameters for one TP rank and their vLLM-style weight loaders (SPEC §3, §5).
+"""The layer's parameters for one TP rank and their vLLM-style weight loaders (docs/design.md §3,
+§5).
 
 Checkpoint tensors (``layers.{i}.attn.<name>.weight`` e4m3 with ``.scale`` E8M0
-on 32x32 blocks, ``q_norm`` / ``kv_norm`` bf16, ``attn_sink`` fp32) become the
-kernel-visible parameters of one rank:
+on the model's ``weight_block`` blocks, 32 x 32 for V4.1, 128 x 128 for V4;
+``q_norm`` / ``kv_norm`` bf16, ``attn_sink`` fp32; an MTP layer's under
+``mtp.{j}.attn.``) become the kernel-visible parameters of one rank:
 
 =============  ==========================================  =================================
 parameter      shape (dtype)                               from
@@ -21,12 +23,15 @@ attn_sink      [heads] (fp32)                              this rank's heads
 =============  ==========================================  =================================
 
 Each parameter has a ``weight_loader(param, loaded[, shard])`` that slices the
-rank's shard out of the full checkpoint tensor, expands block scales to rows
-and, for wq_b and wo_a, is composed with the fused-layout permutation by
+rank's shard out of the full checkpoint tensor, expands block scales of any
+size to per-row codes (one a row and 32 columns) and, for wq_b and wo_a, is composed with the fused-layout permutation by
 ``permute_on_load`` so the permutation runs right after the shard is written.
 ``load_weights`` checks a whole batch (names, dtypes, shapes) before writing
 any of it, so a bad batch leaves every parameter as it was; every problem is
-reported as ``name: expected X, got Y`` in one ``WeightLoadError``.
+reported as ``name: expected X, got Y`` in one ``WeightLoadError``. The
+compressor's and indexer's tensors inside the layer's namespace
+(``attn.compressor.*``, ``attn.indexer.*``) belong to another module: they are
+skipped and named in ``last_skipped``.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ E8M0 = torch.float8_e8m0fnu
 QUANTIZED = ("wq_a", "wkv", "wq_b", "wo_a", "wo_b")  # e4m3 + E8M0 block scales
 NORMS = ("q_norm", "kv_norm")
 NORM_STD = 0.1  # synthetic norms: 1 + N(0, NORM_STD^2)
+NOT_OURS = ("compressor.", "indexer.")  # inside a layer's attn namespace, read by other modules
 
 TensorSpec = tuple[tuple[int, ...], torch.dtype]  # (shape, dtype)
 
@@ -68,24 +74,29 @@ def checkpoint_shapes(model: Dims | ModelConfig) -> dict[str, TensorSpec]:
         "wo_a": (m.o_groups * m.o_rank, m.heads_per_group * m.head_dim),
         "wo_b": (m.hidden, m.o_groups * m.o_rank),
     }
+    bn, bk = m.weight_block
     shapes: dict[str, TensorSpec] = {}
     for name, (n, k) in out_in.items():
         shapes[f"{name}.weight"] = ((n, k), E4M3)
-        shapes[f"{name}.scale"] = ((n // MX_BLOCK, k // MX_BLOCK), E8M0)
+        shapes[f"{name}.scale"] = ((-(-n // bn), -(-k // bk)), E8M0)
     shapes["q_norm.weight"] = ((m.q_rank,), torch.bfloat16)
     shapes["kv_norm.weight"] = ((m.kv_dim,), torch.bfloat16)
     shapes["attn_sink"] = ((m.n_heads,), torch.float32)
     return shapes
 
 
-def checkpoint_prefix(layer_id: int) -> str:
-    """``layers.{layer_id}.attn.``: what every checkpoint name of the layer starts with."""
-    return f"layers.{layer_id}.attn."
+def _config(model: Dims | ModelConfig) -> ModelConfig:
+    return model.model if isinstance(model, Dims) else model
+
+
+def is_not_ours(name: str, prefix: str) -> bool:
+    """A tensor in the layer's namespace that another module reads (compressor, indexer)."""
+    return name.startswith(prefix) and name[len(prefix):].startswith(NOT_OURS)
 
 
 def layer_tensor_specs(model: Dims | ModelConfig, layer_id: int) -> dict[str, TensorSpec]:
     """Full checkpoint name -> (shape, dtype) of every tensor of layer ``layer_id``."""
-    prefix = checkpoint_prefix(layer_id)
+    prefix = _config(model).checkpoint_prefix(layer_id)
     return {prefix + short: spec for short, spec in checkpoint_shapes(model).items()}
 
 
@@ -133,10 +144,11 @@ def synth_layer_tensors(
 ) -> dict[str, torch.Tensor]:
     """Random tensors of one layer in checkpoint format, keyed by full checkpoint name.
 
-    Weights are N(0, 1/K) quantized on 32x32 blocks (so activations stay O(1)),
-    norms 1 + N(0, 0.1^2), sinks N(0, 1).
+    Weights are N(0, 1/K) quantized on the model's ``weight_block`` blocks (so
+    activations stay O(1)), norms 1 + N(0, 0.1^2), sinks N(0, 1).
     """
-    prefix = checkpoint_prefix(layer_id)
+    m = _config(model)
+    prefix = m.checkpoint_prefix(layer_id)
     out: dict[str, torch.Tensor] = {}
     for short, (shape, dtype) in checkpoint_shapes(model).items():
         base, _, kind = short.partition(".")
@@ -144,7 +156,7 @@ def synth_layer_tensors(
             continue  # written with its weight
         if base in QUANTIZED:
             w = torch.randn(shape, generator=generator) / shape[1] ** 0.5
-            values, codes = quantize_weight_blocks(w)
+            values, codes = quantize_weight_blocks(w, m.weight_block)
             out[prefix + short] = values
             out[f"{prefix}{base}.scale"] = codes.view(E8M0)
         elif base in NORMS:
@@ -161,9 +173,13 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
 ALL = slice(None)
 
 
-def _shard_loader(name: str, rows: slice = ALL, cols: slice = ALL, *, scales: bool = False,
+def _shard_loader(name: str, rows: slice = ALL, cols: slice = ALL, *,
+                  scales: tuple[tuple[int, int], Mapping[str | None, tuple[int, int]]] | None = None,
                   shard_rows: Mapping[str, slice] | None = None):
     """A weight_loader writing ``full[rows, cols]``, block scales first expanded to per-row codes.
+
+    ``scales`` = (block, weight shape of each shard id): the block codes of a
+    ``[N, K]`` weight become ``[N, K/32]`` codes before the rank's slice is cut.
 
     With ``shard_rows`` (a fused parameter) the call names its shard and the
     slice lands on that shard's rows of the parameter. A server may call it
@@ -172,8 +188,13 @@ def _shard_loader(name: str, rows: slice = ALL, cols: slice = ALL, *, scales: bo
 
     def load(param: nn.Parameter, loaded: torch.Tensor, shard: str | None = None) -> None:
         full = loaded.view(torch.uint8) if loaded.dtype == E8M0 else loaded
-        if scales:
-            full = block_to_row_scales(full)
+        if scales is not None:
+            block, weight_shape = scales
+            try:
+                full = block_to_row_scales(full, block, weight_shape[shard])
+            except ValueError as e:
+                where = name if shard is None else f"{name}[{shard}]"
+                raise WeightLoadError(f"{where}: {e}") from None
         dst = param.data if shard is None else param.data[shard_rows[shard]]
         src = full[rows][..., cols]
         if src.dtype != dst.dtype or src.shape != dst.shape:
@@ -193,14 +214,11 @@ class LayerWeights(nn.Module):
     def __init__(self, dims: Dims, rank: int, layer_id: int, device: torch.device | str = "cpu"):
         super().__init__()
         m = dims.model
-        if not 0 <= layer_id < m.num_layers:
-            raise ValueError(
-                f"layer_id: expected 0 <= layer_id < num_layers = {m.num_layers}, got {layer_id}"
-            )
+        self.prefix = m.checkpoint_prefix(layer_id)  # layers.{i}.attn. or mtp.{j}.attn.
         self.dims, self.rank, self.layer_id = dims, rank, layer_id
         self.heads = dims.head_range(rank)  # global heads of this rank
         self.groups = dims.group_range(rank)  # global wo_a groups of this rank
-        self.prefix = checkpoint_prefix(layer_id)
+        self.last_skipped: list[str] = []  # the last load's compressor / indexer names
         sc = MX_BLOCK
         self.wqkv = _param((m.qkv_rows, m.hidden), E4M3, device)
         self.wqkv_scale = _param((m.qkv_rows, m.hidden // sc), torch.uint8, device)
@@ -221,18 +239,25 @@ class LayerWeights(nn.Module):
         o_rows = slice(self.groups.start * m.o_rank, self.groups.stop * m.o_rank)
         o_blocks = slice(o_rows.start // MX_BLOCK, o_rows.stop // MX_BLOCK)
         qkv_rows = {"wq_a": slice(0, m.q_rank), "wkv": slice(m.q_rank, m.qkv_rows)}
+        full = {k.removesuffix(".weight"): shape for k, (shape, _) in checkpoint_shapes(m).items()
+                if k.endswith(".weight")}
+        block = m.weight_block
+
+        def scales(base: str):
+            return block, {None: full[base]}
 
         loaders = {
             "wqkv": {"shard_rows": qkv_rows},
-            "wqkv_scale": {"shard_rows": qkv_rows, "scales": True},
+            "wqkv_scale": {"shard_rows": qkv_rows,
+                           "scales": (block, {"wq_a": full["wq_a"], "wkv": full["wkv"]})},
             "q_norm": {},
             "kv_norm": {},
             "wq_b": {"rows": q_rows},
-            "wq_b_scale": {"rows": q_rows, "scales": True},
+            "wq_b_scale": {"rows": q_rows, "scales": scales("wq_b")},
             "wo_a": {"rows": o_rows},
-            "wo_a_scale": {"rows": o_rows, "scales": True},
+            "wo_a_scale": {"rows": o_rows, "scales": scales("wo_a")},
             "wo_b": {"cols": o_rows},
-            "wo_b_scale": {"cols": o_blocks, "scales": True},
+            "wo_b_scale": {"cols": o_blocks, "scales": scales("wo_b")},
             "attn_sink": {"rows": slice(self.heads.start, self.heads.stop)},
         }
         for name, where in loaders.items():
@@ -262,10 +287,17 @@ class LayerWeights(nn.Module):
 
         Every tensor is checked (name, shape, dtype) before any is written, so a
         bad batch changes nothing. With ``require_all`` a batch lacking any of
-        the layer's tensors is refused too. Returns the names loaded.
+        the layer's tensors is refused too. The compressor's and indexer's
+        tensors are skipped and named in ``last_skipped``; any other name not
+        the layer's is refused. Returns the names loaded.
         """
         expected = layer_tensor_specs(self.dims, self.layer_id)
-        batch = dict(weights)
+        batch, skipped = {}, []
+        for name, tensor in weights:
+            if is_not_ours(name, self.prefix):
+                skipped.append(name)
+            else:
+                batch[name] = tensor
         problems = tensor_problems(
             {name: (t.dtype, tuple(t.shape)) for name, t in batch.items()},
             expected,
@@ -289,6 +321,7 @@ class LayerWeights(nn.Module):
                     "half-written: load the layer again"
                 ) from e
             written.append(name)
+        self.last_skipped = sorted(skipped)
         return set(batch)
 
     def dummy_load(self, seed: int = 0) -> None:

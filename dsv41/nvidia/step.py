@@ -1,4 +1,5 @@
-"""The NVIDIA backend's layer step: six launches, no host sync, no shuffle kernel (SPEC §2, §6).
+"""The NVIDIA backend's layer step: six launches, no host sync, no shuffle kernel (docs/design.md
+§2, §6).
 
 1. ``mx_gemm`` (A_CAST): ``qkv = mxfp8(x) @ Wqkv^T``, the cast of x in the prologue;
 2. ``norm_rope_insert``: both RMSNorms, RoPE on kv, the record insert, ``qr8 = mxfp8(qr)``;

@@ -1,4 +1,5 @@
-"""Warm-up: compile every kernel variant the NVIDIA backend dispatches, up front (SPEC §6).
+"""Warm-up: compile every kernel variant the NVIDIA backend dispatches, up front (docs/design.md
+§6).
 
 A kernel variant is fixed by its constexprs, and every launcher picks those
 from the token bucket ``bucket_for(M)`` (``M_BUCKETS``: decode 1..48, prefill
@@ -26,7 +27,7 @@ from dsv41.nvidia.step import nvidia_step
 
 DECODE_BUCKETS = tuple(b for b in M_BUCKETS if b <= 48)  # 1, 2, 4, 8, 16, 32, 48
 PREFILL_BUCKETS = tuple(b for b in M_BUCKETS if b > 48)  # 64, 128, 256, 512
-SM100_MAJOR = 10  # the SM100 family stores fp8_mx records; SM90 fp8_ds_mla (SPEC §4)
+SM100_MAJOR = 10  # the SM100 family stores fp8_mx records; SM90 fp8_ds_mla (docs/design.md §4)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,7 +81,7 @@ def test_layer_tensors_depend_only_on_seed_and_layer(ckpt_dir, tmp_path):
 
 
 def test_iter_checkpoint_one_layer(ckpt_dir):
-    got = dict(iter_checkpoint(ckpt_dir, layer_id=2))
+    got = dict(iter_checkpoint(ckpt_dir, "layers.2.attn."))
     assert sorted(got) == [f"layers.2.attn.{s}" for s in SHORT_NAMES]
     for file in ckpt_dir.glob("model-*.safetensors"):
         for name, t in load_file(file).items():
@@ -184,11 +184,11 @@ def test_index_naming_a_tensor_its_file_lacks(copy_dir):
     with pytest.raises(WeightLoadError, match=re.escape(f"{name}: expected in {wrong} (index)")):
         inspect_checkpoint(copy_dir)
     with pytest.raises(WeightLoadError, match=re.escape(f"{name}: expected in {wrong} (index)")):
-        list(iter_checkpoint(copy_dir, layer_id=1))
+        list(iter_checkpoint(copy_dir, "layers.1.attn."))
 
 
 def test_single_file_checkpoint_without_index(ckpt_dir, tmp_path):
-    tensors = dict(iter_checkpoint(ckpt_dir, layer_id=0))
+    tensors = dict(iter_checkpoint(ckpt_dir, "layers.0.attn."))
     save_file(tensors, str(tmp_path / "model.safetensors"))
     rows = inspect_checkpoint(tmp_path, MODEL)
     assert [r.name for r in rows] == sorted(tensors)

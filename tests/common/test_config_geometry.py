@@ -1,4 +1,5 @@
-"""Model configs load and validate; per-rank geometry matches SPEC §1 and partitions the model."""
+"""Model configs load and validate; per-rank geometry matches docs/design.md §1 and partitions the
+model."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ from dsv41.common.geometry import Dims
 from dsv41.config import CONFIG_DIR, ConfigError, load_model_config
 
 
-@pytest.mark.parametrize("name", ["tiny", "dsv41-flash"])
+@pytest.mark.parametrize("name", ["tiny", "dsv41-flash", "dsv4-flash", "tiny-v4"])
 def test_configs_load(name: str) -> None:
     m = load_model_config(name)
     assert m.name == name
     assert m.nope_dim + m.rope_dim == m.head_dim == m.kv_dim == 512
     assert m.heads_per_group == 8
-    assert len(m.compress_ratios) == m.num_layers
+    assert len(m.compress_ratios) == m.total_layers == m.num_layers + m.mtp_layers
     assert m.keys == m.topk + m.window
     assert m.rope_for_layer(0).yarn is None
-    compressed = m.compress_ratios.index(1)
+    compressed = next(i for i, r in enumerate(m.compress_ratios) if r)
     assert m.rope_for_layer(compressed).yarn is not None
 
 

@@ -1,4 +1,5 @@
-"""Fused Q / O layouts (SPEC §5): the permutations, their use on weights, and permute_on_load."""
+"""Fused Q / O layouts (docs/design.md §5): the permutations, their use on weights, and
+permute_on_load."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ G = 8  # heads a wo_a group
 
 
 def _q_formula(num_heads: int, head_dim: int) -> torch.Tensor:
-    """SPEC §5 loop: fused[(d // 16) * (H * 16) + h * 16 + d % 16] = standard[h * D + d]."""
+    """docs/design.md §5 loop: fused[(d // 16) * (H * 16) + h * 16 + d % 16] = standard[h * D +
+    d]."""
     perm = [None] * (num_heads * head_dim)
     for h in range(num_heads):
         for d in range(head_dim):
@@ -36,7 +38,7 @@ def _q_formula(num_heads: int, head_dim: int) -> torch.Tensor:
 
 
 def _o_formula(heads: int, head_dim: int) -> torch.Tensor:
-    """SPEC §5 loop: fused[(c * G + h) * 32 + j] = standard[h * D + c * 32 + j]."""
+    """docs/design.md §5 loop: fused[(c * G + h) * 32 + j] = standard[h * D + c * 32 + j]."""
     perm = [None] * (heads * head_dim)
     for h in range(heads):
         for c in range(head_dim // 32):

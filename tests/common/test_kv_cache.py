@@ -1,4 +1,5 @@
-"""KV records, paged caches and key tables (SPEC §4), against byte-level and loop computations."""
+"""KV records, paged caches and key tables (docs/design.md §4), against byte-level and loop
+computations."""
 
 from __future__ import annotations
 
@@ -154,7 +155,8 @@ def test_out_of_range_slot_raises() -> None:
 
 
 def _table_loop(positions, block_tables, topk, window, block, keys) -> torch.Tensor:
-    """SPEC §4 entry by entry: valid top-k | 1 << 31, then the window oldest first, then -1."""
+    """docs/design.md §4 entry by entry: valid top-k | 1 << 31, then the window oldest first, then
+    -1."""
     rows = []
     for t, p in enumerate(positions.tolist()):
         row = []

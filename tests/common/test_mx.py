@@ -1,8 +1,10 @@
-"""MXFP8 (SPEC §3): E8M0 codes, round trips, weight block scales and the @triton.jit helpers."""
+"""MXFP8 (docs/design.md §3): E8M0 codes, round trips, weight block scales and the @triton.jit
+helpers."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -146,8 +148,12 @@ def test_bad_shapes() -> None:
         mxfp8_quantize(torch.ones(2, 40))
     with pytest.raises(ValueError, match="codes: expected shape"):
         mxfp8_dequantize(torch.ones(2, 64).to(E4M3), torch.zeros(2, 3, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="w: expected both dims multiples of 32"):
-        quantize_weight_blocks(torch.ones(48, 64))
+    with pytest.raises(ValueError, match="w: expected K a multiple of 32"):
+        quantize_weight_blocks(torch.ones(48, 40))
+    with pytest.raises(ValueError, match=re.escape("block: expected (rows, cols) > 0 with cols a multiple of 32, got (128, 48)")):
+        quantize_weight_blocks(torch.ones(48, 64), (128, 48))
+    with pytest.raises(ValueError, match=re.escape("block_codes: expected [1, 1] for a [96, 64] weight")):
+        block_to_row_scales(torch.zeros(2, 1, dtype=torch.uint8), (128, 128), (96, 64))
 
 
 def test_weight_blocks_equal_per_row_quantization() -> None:

@@ -1,4 +1,5 @@
-"""The reference step (SPEC §2): attention_core against a dense softmax; tp 1 / 2 / 4 agree."""
+"""The reference step (docs/design.md §2): attention_core against a dense softmax; tp 1 / 2 / 4
+agree."""
 
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ def test_kv_seam_inserted_at_slot_mapping(runs) -> None:
         assert sc.window_cache.fmt.name == "fp8_ds_mla"
         for slot in sc.slot_mapping.tolist():
             page, row = divmod(slot, block)
-            data = page * block * 584 + row * 576  # SPEC §4: data rows, then scale rows
+            data = page * block * 584 + row * 576  # docs/design.md §4: data rows, then scale rows
             scale = page * block * 584 + block * 576 + row * 8
             touched[data : data + 576] = True
             touched[scale : scale + 8] = True

@@ -1,4 +1,5 @@
-"""RoPE (SPEC §1, §2): GPT-J pairs on dims 448..511, plain and YaRN frequencies, the inverse."""
+"""RoPE (docs/design.md §1, §2): GPT-J pairs on dims 448..511, plain and YaRN frequencies, the
+inverse."""
 
 from __future__ import annotations
 

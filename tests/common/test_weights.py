@@ -1,5 +1,5 @@
 """LayerWeights loaders against a synthetic checkpoint: slices, scale expansion and permutations
-recomputed here from SPEC §3 / §5 index formulas, idempotent loads, the reference step on
+recomputed here from docs/design.md §3 / §5 index formulas, idempotent loads, the reference step on
 loaded weights against a standard-layout forward, and every load error."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dsv41.common.weights import (
 
 MODEL = "tiny"
 LAYER = 1  # a compressed layer (YaRN RoPE, top-k keys)
-BLOCK = 32  # rows / columns sharing one checkpoint scale (SPEC §3)
+BLOCK = 32  # rows / columns sharing one checkpoint scale (docs/design.md §3)
 RANKS = [(tp, rank) for tp in (1, 2, 4) for rank in range(tp)]
 PARAMS = ("wqkv", "wqkv_scale", "q_norm", "kv_norm", "wq_b", "wq_b_scale", "wo_a", "wo_a_scale",
           "wo_b", "wo_b_scale", "attn_sink")
@@ -75,7 +75,7 @@ def row_codes(block_codes: torch.Tensor) -> torch.Tensor:
 
 
 def q_fused_index(heads: int, head_dim: int) -> list[int]:
-    """``idx[(d // 16) * (H * 16) + h * 16 + d % 16] = h * D + d`` (SPEC §5, Q)."""
+    """``idx[(d // 16) * (H * 16) + h * 16 + d % 16] = h * D + d`` (docs/design.md §5, Q)."""
     idx = [0] * (heads * head_dim)
     for h in range(heads):
         for d in range(head_dim):
@@ -84,7 +84,8 @@ def q_fused_index(heads: int, head_dim: int) -> list[int]:
 
 
 def o_fused_index(group: int, head_dim: int, chunk: int) -> list[int]:
-    """``idx[(c * G + h) * chunk + j] = h * (D / chunk) * chunk + c * chunk + j`` (SPEC §5, O).
+    """``idx[(c * G + h) * chunk + j] = h * (D / chunk) * chunk + c * chunk + j`` (docs/design.md
+    §5, O).
 
     ``chunk`` 32 gives the column order of wo_a, ``chunk`` 1 over ``D / 32``
     entries the order of its scale columns.
@@ -98,7 +99,8 @@ def o_fused_index(group: int, head_dim: int, chunk: int) -> list[int]:
 
 
 def expected_params(ckpt: dict[str, torch.Tensor], dims: Dims, rank: int) -> dict:
-    """Kernel-visible tensors of ``rank`` built from the checkpoint with SPEC's formulas."""
+    """Kernel-visible tensors of ``rank`` built from the checkpoint with docs/design.md's
+    formulas."""
     m, p = dims.model, f"layers.{LAYER}.attn."
     w = {k.removeprefix(p): u8(v) for k, v in ckpt.items() if k.startswith(p)}
     D, H, G = m.head_dim, dims.heads, m.heads_per_group
@@ -185,7 +187,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def standard_forward(ckpt: dict[str, torch.Tensor], dims: Dims, rank: int, sc) -> dict:
-    """SPEC §2 for one rank on the checkpoint's unpermuted tensors, sliced here."""
+    """docs/design.md §2 for one rank on the checkpoint's unpermuted tensors, sliced here."""
     m, p = dims.model, f"layers.{LAYER}.attn."
     W = {n: dequant_blocks(ckpt[f"{p}{n}.weight"], ckpt[f"{p}{n}.scale"])
          for n in ("wq_a", "wkv", "wq_b", "wo_a", "wo_b")}
@@ -347,7 +349,7 @@ def test_direct_loader_call_refuses_a_wrong_dtype(ckpt):
 
 def test_layer_id_out_of_range():
     with pytest.raises(ValueError, match=re.escape(
-            "layer_id: expected 0 <= layer_id < num_layers = 3, got 3")):
+            "layer_id: expected 0 <= layer_id < 3, got 3 (3 layers, then 0 MTP)")):
         LayerWeights(Dims.of(MODEL, 1), 0, 3)
 
 

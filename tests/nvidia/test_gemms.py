@@ -24,6 +24,7 @@ from dsv41.common.mx import (
     mxfp8_quantize,
     quantize_weight_blocks,
 )
+from dsv41.common.platform import parse_target, targeting
 from dsv41.common.reference import mx_linear, rmsnorm, wo_a_grouped
 from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.weights import LayerWeights
@@ -364,13 +365,18 @@ def test_norm_rope_insert(layer, fmt):
 
 
 def test_norm_prefetch_rule_and_bad_inputs(layer, monkeypatch):
-    """``prefetch_ahead``: opt-in on the GPU with aligned rows, never in the interpreter
-    (no L2); ``DSV41_NORM_PREFETCH`` must be 0 or 1; a key table of the wrong type or rows and a
+    """``prefetch_ahead``: opt-in on an NVIDIA GPU with aligned rows, never in the interpreter
+    (no L2) nor on ROCm (inline PTX); ``DSV41_NORM_PREFETCH`` must be 0 or 1; a key table of the wrong type or rows and a
     compressed cache of another format are refused with their names, before any launch."""
     model = layer.dims.model
     cache = PagedKVCache(4, model.window_block, "fp8_ds_mla")
     monkeypatch.delenv("DSV41_NORM_PREFETCH", raising=False)
     assert not prefetch_ahead(cache, None)  # the interpreter
+    monkeypatch.setenv("DSV41_NORM_PREFETCH", "1")
+    with targeting(parse_target("sm90")):
+        assert prefetch_ahead(cache, None)
+    with targeting(parse_target("gfx942")):  # the bulk prefetch is inline PTX
+        assert not prefetch_ahead(cache, None)
     monkeypatch.setenv("DSV41_NORM_PREFETCH", "2")
     with pytest.raises(ValueError, match="DSV41_NORM_PREFETCH: expected 0 or 1, got '2'"):
         prefetch_ahead(cache, None)

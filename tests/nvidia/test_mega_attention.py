@@ -17,6 +17,7 @@ from dsv41.common.fused_layout import permute_o_to_fused
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import COMPRESSED_FLAG, NONE, PagedKVCache, gather_keys
 from dsv41.common.mx import e8m0_scale, mxfp8_dequantize, mxfp8_quantize
+from dsv41.common.platform import parse_target, targeting
 from dsv41.common.reference import attention_core, mx_linear, reference_step
 from dsv41.common.rope import apply_inverse_rope, rope_tables
 from dsv41.common.scenario import make_scenario
@@ -327,16 +328,19 @@ def test_splits_fill_the_gpu_in_whole_key_blocks(heads, monkeypatch) -> None:
 
 
 def test_record_prefetch_switch(monkeypatch) -> None:
-    """The L2 prefetch of a split's records is a GPU matter: off under the interpreter whatever
-    ``DSV41_ATTN_PREFETCH`` says, on by default on a GPU, and a bad value is refused either way
-    (the GPU test checks that it changes no bit)."""
+    """The L2 prefetch of a split's records is inline PTX: off under the interpreter and on ROCm
+    whatever ``DSV41_ATTN_PREFETCH`` says, on by default on an NVIDIA GPU, and a bad value is
+    refused either way (the GPU test checks that it changes no bit)."""
     monkeypatch.delenv("DSV41_ATTN_PREFETCH", raising=False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not prefetch_records()
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert prefetch_records()
-    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "0")
-    assert not prefetch_records()
+    with targeting(parse_target("sm90")):
+        assert prefetch_records()
+        monkeypatch.setenv("DSV41_ATTN_PREFETCH", "0")
+        assert not prefetch_records()
+    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "1")
+    with targeting(parse_target("gfx950")):
+        assert not prefetch_records()
     monkeypatch.setenv("DSV41_ATTN_PREFETCH", "on")
     with pytest.raises(ValueError, match="DSV41_ATTN_PREFETCH: expected 0 or 1, got 'on'"):
         prefetch_records()

@@ -1,4 +1,5 @@
-"""o_proj of a standard-layout bf16 o: fused WO-A and grouped paths vs the reference (SPEC §2.6-8).
+"""o_proj of a standard-layout bf16 o: fused WO-A and grouped paths vs the reference
+(docs/design.md §2.6-8).
 
 The reference is ``reference_step``'s tail written out: ``bf16(inverse_rope(o))``,
 MXFP8 per 32 dims of a head, the O permutation, per-group ``wo_a``, bf16, MXFP8,

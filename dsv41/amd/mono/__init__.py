@@ -1,4 +1,4 @@
-"""The single-launch mailbox mega kernel (SPEC §6): one persistent launch a layer step.
+"""The single-launch mailbox mega kernel (docs/design.md §6): one persistent launch a layer step.
 
 ``plan.py`` (task tables and scratch layout), ``kernel.py`` (the Triton kernel),
 ``executor.py`` (the same task tables in PyTorch, for stage-by-stage diffs),

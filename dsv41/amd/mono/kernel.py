@@ -1,4 +1,4 @@
-"""The mono mega kernel: one persistent launch runs a layer step's task tables (SPEC §6).
+"""The mono mega kernel: one persistent launch runs a layer step's task tables (docs/design.md §6).
 
 Every program loops: take a ticket (``atomic_add`` on the ticket word), run the
 task it names (the stage ranges come from ``Plan.stages``, the coordinates are
@@ -69,7 +69,7 @@ MX: tl.constexpr = tl.constexpr(MX_BLOCK)  # 32 values share an E8M0 code
 HEAD_DIM: tl.constexpr = tl.constexpr(KV_DIM)  # 512
 HALF_DIM: tl.constexpr = tl.constexpr(KV_DIM // 2)  # GPT-J pairs of a head
 HEAD_TILE_: tl.constexpr = tl.constexpr(HEAD_TILE)
-HEADS_PER_GROUP: tl.constexpr = tl.constexpr(8)  # SPEC §1, checked by the config loader
+HEADS_PER_GROUP: tl.constexpr = tl.constexpr(8)  # docs/design.md §1, checked by the config loader
 Q_CHUNK_: tl.constexpr = tl.constexpr(Q_CHUNK)
 WQKV_ROWS: tl.constexpr = tl.constexpr(WQKV_TASK_ROWS)
 WQB_ROWS: tl.constexpr = tl.constexpr(WQB_TASK_ROWS)
@@ -550,7 +550,7 @@ def _attn(
     The chunk runs in slices of KS keys (``Plan.key_slice``) with an online softmax (fewer
     registers than the whole chunk); the first slice's records are loaded before the wait on
     q. (Loading each next slice ahead of the current one's products spilled 450 B on SM90; one
-    64-key slice spilled 248 B and made the step slower, session 10.)
+    64-key slice spilled 248 B and made the step slower.)
     """
     k0 = chunk * KC
     keys, valid = _keys(key_ptr, s, k0, win_ptr, comp_ptr, win_slots, comp_slots, KEYS,

@@ -4,7 +4,7 @@
 device-side epoch tags each step's hand-offs) and launches the kernel with
 pointers that never change, so ``launch`` can be captured in a CUDA/HIP graph
 and replayed. ``mono_step`` is the one-call entry point: it keeps a runner per
-(layer, tokens), validates the inputs (SPEC §4) when asked, launches, raises
+(layer, tokens), validates the inputs (docs/design.md §4) when asked, launches, raises
 ``MonoError`` if a hand-off timed out (never a silent hang), and returns the
 step's output with the intermediates the scratch holds.
 
@@ -40,6 +40,7 @@ from dsv41.amd.mono.tuning import Tuning
 from dsv41.common import switches
 from dsv41.common.fused_layout import permute_q_from_fused
 from dsv41.common.kv_cache import FP8_DS_MLA, validate_key_table
+from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import StepInputs, check_step_inputs
 from dsv41.common.weights import LayerWeights
@@ -128,8 +129,9 @@ class MonoRunner:
         window_cache, compressed_cache = inputs.window_cache, inputs.compressed_cache
         if trace is not None:
             want = (p.total_tasks, 3)
-            if _interpreted() or trace.device.type != "cuda" or torch.version.hip is not None:
-                raise ValueError("trace: the task trace reads the NVIDIA global timer (a GPU run)")
+            if not current_platform().ptx or trace.device.type != "cuda":
+                raise ValueError(f"trace: the task trace reads NVIDIA's PTX global timer (a GPU run), "
+                                 f"got {current_platform().features}")  # fmt: skip
             if trace.dtype != torch.int64 or tuple(trace.shape) != want or not trace.is_contiguous():
                 raise ValueError(
                     f"trace: expected a contiguous int64 tensor of shape {list(want)}, "
@@ -159,7 +161,7 @@ class MonoRunner:
             WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block,
             HAS_COMP=compressed_cache is not None,
             TB=p.token_block, **p.tiling, EXACT=_interpreted(), TRACE=trace is not None,
-            CVT_PTX=not _interpreted() and torch.version.hip is None,
+            CVT_PTX=current_platform().ptx,
             num_warps=p.tuning.num_warps,
         )
 
@@ -217,7 +219,8 @@ def runner_for(layer: LayerWeights, tokens: int) -> MonoRunner:
 
 
 def validate_inputs(layer: LayerWeights, inputs: StepInputs) -> None:
-    """SPEC §4 checks: shapes, dtypes, record format, positions, slots and key-table entries."""
+    """docs/design.md §4 checks: shapes, dtypes, record format, positions, slots and key-table
+    entries."""
     x, positions, slot_mapping, key_table = (
         inputs.x, inputs.positions, inputs.slot_mapping, inputs.key_table,
     )  # fmt: skip

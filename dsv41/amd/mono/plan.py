@@ -1,4 +1,5 @@
-"""The mono kernel's schedule and scratch: task tables and the front / back regions (SPEC §6).
+"""The mono kernel's schedule and scratch: task tables and the front / back regions (docs/design.md
+§6).
 
 One persistent launch runs a layer step as a list of stages, each a table of
 tasks. A program takes tickets from a global atomic counter; ticket ``t``
@@ -62,7 +63,7 @@ its half. ``tests/amd/test_mono_handoffs.py`` checks this for every region.
 Regions (byte offsets into one uint8 scratch, 256-B aligned, total rounded to
 4096): ``ctl`` (ticket, finished programs, epoch, error word), then the front
 ``x8, x8s, xrdy, qkvp, qx8, qx8s, qrdy, q`` and the back ``part, pstat, srdy,
-xo, xos, crdy, x8b, x8bs, ardy, z, woap, wrdy``. Regions beyond SPEC §6's
+xo, xos, crdy, x8b, x8bs, ardy, z, woap, wrdy``. Regions beyond docs/design.md §6's
 list: ``q``, the bf16 post-RoPE q in the fused Q layout that wqb writes and attn
 reads; ``z``, the bf16 z that woa also keeps for the z seam (x8b / x8bs are
 what wob reads); ``woap`` and ``wrdy``, wo_a's fp32 K-part partials and the
@@ -92,8 +93,7 @@ K_HALVES = 2  # Wqkv's K dimension runs in two halves
 MIN_KEY_CHUNK = 32  # keys of an attention task at least (one slice of the defaults)
 MMA_MIN_K = 16  # the smallest K of a bf16 MMA: a K segment of _mma_split has at least this
 COMBINE_PARTS = 4  # combine tasks a (token, head tile): 128 dims each, whole MX blocks
-# (16 tasks of one MX block, each loading every chunk's partial at once, measured slower on
-# the H200, session 6: 77.5 / 267.9 us at tp 4, M = 1 / 48, against 74.9 / 248.9.)
+# (16 tasks of one MX block each were slower on the H200: 77.5 against 74.9 us at tp 4, M = 1.)
 REGION_ALIGN = 256
 SCRATCH_ALIGN = 4096
 MAILBOX_WORDS = 2  # (count, tag) int32

@@ -18,14 +18,9 @@ from dsv41.common.geometry import Dims
 GEMV_BLOCK = 256
 GEMV_BLOCK_FEW = 512
 FEW_TOKENS = 16
-# Steps of up to CORES_TOKENS tokens multiply their GEMV blocks on CUDA cores (kernel.py, _gemv);
-# H200, tp 4, us a step at M = 1 / 4 / 16 on tensor cores:
-# 173.0 / 178.4 / 190.9; on CUDA cores: 94.2 / 163.5 / 449.1 (session 5). With tensor-core
-# blocks in 8 K segments (session 8), tp 4 / tp 2, M = 2: 120.9 / 184.3 on tensor cores, 107.0
-# / 169.1 on CUDA cores; M = 4: 122.3 / 187.4 on tensor cores, 138.8 / 238.1 on CUDA cores.
-# With weight words at every token count (session 9), tp 4: M = 2 78.1 (107.6 without words),
-# M = 3 / 4 101.4 / 105.2 on CUDA cores against 122.0 / 122.6 on tensor cores (tp 2, M = 4:
-# 148.1 against 187.3). At 8 tokens the SM90 compiler spills 992 B.
+# Steps of up to CORES_TOKENS tokens multiply their GEMV blocks on CUDA cores (kernel.py, _gemv):
+# faster than tensor cores up to 4 tokens on the H200 (tp 4, M = 1: 94.2 against 173.0 us; with
+# weight words M = 4 105.2 against 122.6); 8 tokens spill.
 CORES_TOKENS = 4
 # wo_a's K (group_k) runs in WOA_K_PARTS parts, a task each:
 # 32-row tasks over the whole K were 64 tasks of 128 KB at tp 4, for 132 programs.

@@ -1,7 +1,8 @@
-"""Mega attention: fused-layout q in, fused MXFP8 xo out, for one decode step (SPEC §2.4-2.7).
+"""Mega attention: fused-layout q in, fused MXFP8 xo out, for one decode step (docs/design.md
+§2.4-2.7).
 
 For token ``m`` and head ``h`` over the valid keys ``k`` of ``key_table[m]``
-(V = K, all 512 dims; SPEC §4):
+(V = K, all 512 dims; docs/design.md §4):
 
     q = bf16(rope(q_fused[m, head h], positions[m]))          (dims 448.. turned forward)
     s = q . k * softmax_scale,  lse = logsumexp(s)
@@ -47,6 +48,7 @@ from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, load_records_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
+from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.launch import bucket_for, interpreting, sm_count
@@ -63,62 +65,34 @@ HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
 COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, whole RoPE pairs
 COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile and chunk, so
-# the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16
-# (H200, tp 4, M = 1 step: 38.6 us against 40.5 with 16-head programs; session 7: 37.6
-# against 38.9 with 2 heads and 39.1 with 1)
-# From this many splits on, the combine reads all of a program's partials in one load each (all
-# in flight; SM90: 14 loads a thread instead of 160 at 40 splits). H200, session 17, us a step
-# against split by split: tp 4, M = 1 (40 splits): 26.5 / 25.7 against 26.6 / 27.2, M = 2 (40):
-# 40.3 / 40.3 against 40.7 / 41.5; tp 2, M = 1 (40): 38.2 against 38.7; but tp 2, M = 2 (20
-# splits): 66.4 against 64.8, tp 4, M = 16: 71.5 against 70.1, M = 48: 141.7 against 133.8.
-# With this rule, tp 4, M = 1: 25.6 / 25.5 / 25.7 against 27.1 / 26.6 / 26.5; tp 2: 37.7 / 38.2.
-# Read as a power of two and the rest (``split_pieces``: 40 = 32 + 8, not one load padded to 64;
-# SM90: 828 SASS lines after the wait against 1012), session 20: tp 4, M = 1 24.9 / 25.1 against
-# 25.2 / 25.3; M = 2 and tp 2 level.
+# the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16 (16,
+# 2 and 1 heads a program measured slower on the H200)
+# From this many splits on, the combine reads all of a program's partials in one load each, as a
+# power of two and the rest (``split_pieces``; SM90: 14 loads a thread instead of 160 at 40
+# splits): faster at 40 splits, slower at 20 and below on the H200.
 COMBINE_WIDE_SPLITS = 32
 # Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
-# each tier of (token, head tile) pairs. H200
-# (132 SMs), graph-replayed steps (session 10), us, these tiers against 4 a SM everywhere (the
-# rule before): tp 4, M = 8 / 16 / 32: 64.4 / 73.2 / 94.2 against 66.7 / 78.3 / 105.3; tp 2, M =
-# 4 / 8 / 16: 72.8 / 80.2 / 90.0 against 74.9 / 84.7 / 100.6; tp 2, M = 48 (96 tiles): 191.2 /
-# 192.1 with 3 a SM against 205.0 / 206.3. Fewer, longer splits lost at 48 and 64 tiles: 2 a SM
-# took 150.8 us at tp 4, M = 48 (4: 134.7; 3: 141.0 / 141.1), 159.0 at tp 2, M = 32 (4: 140.6;
-# 3: 148.0).
+# each tier of (token, head tile) pairs. Against
+# 4 a SM everywhere these tiers were 2 to 15 % faster on the H200 (tp 4, M = 16: 73.2 against
+# 78.3 us); fewer, longer splits lost at 48 and 64 tiles.
 PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
-# Warps of an attention program. 8 (113 registers, 791 SASS instructions a warp and key block on
-# SM90 against 237 and 1073 with 4) were level up to 16 tokens and slower above (H200, session
-# 11: tp 4, M = 32 / 48: 108.3 / 161.4 us against 94.2 / 136.0; tp 2: 167.9 / 233.4 against
-# 140.8 / 192.4). Session 20, tp 4, M = 1, us a step, same call: 4 warps 25.1 / 24.8, 8 25.7 /
-# 25.9, 16 (78 registers, 708 SASS lines after the wait against 919, one program a SM) 27.3 /
-# 26.6; tp 2: 36.9 against 40.3 with 16. Alone on their SMs (session 21, tp 4, M = 1): 8 warps
-# 25.7 / 26.2 against 24.6 / 24.6 with 4 (8 warps and 8 score segments: 26.1 / 26.0).
+# Warps of an attention program: 8 or 16 (fewer instructions a warp, fewer programs a SM) were
+# level or slower at every M on the H200 (tp 4, M = 48: 161.4 us with 8 against 136.0 with 4).
 ATTN_WARPS = 4
 # Attention's programs hold their SMs alone (``attention_alone``) while the launch has at most
-# 1 / ALONE_SMS_SHARE of the SMs' count of programs: tp 4, M = 1 (40 programs) on the H200.
-# Session 21, us a step, paired runs of one call: tp 4, M = 1 24.6 / 24.5 / 24.5 alone against
-# 25.1 / 24.9 / 24.9 (calls 1 and 3: 24.6 / 24.6 against 25.0 / 25.7 and 24.9 / 25.3; with 2
-# heads a combine program beside it 24.8 / 25.7); 80 programs: tp 4, M = 2
-# 40.3 / 40.1 / 40.2 against 40.2 / 40.2 / 40.2, tp 2, M = 1 39.3 against 38.2, M = 2 63.8
-# against 65.8. Two programs a SM (half its shared memory each) were slower: 27.4 to 28.3 at tp
-# 4, M = 1. The combine alone (64 programs; 1 or 2 a SM) was slower too, 25.5 to 27.0, with or
-# without attention alone: wo_a's programs then crowd onto the SMs left. Alone, the one-block
-# splits' record loads issued before the PDL wait and their keys made after it (so a program
-# that starts late need not wait for the bytes before its wait; code in 276e859) measured level:
-# 24.5 / 24.9 against 24.5 / 25.0 (not alone: 25.0 / 25.1).
+# 1 / ALONE_SMS_SHARE of the SMs' count of programs: tp 4, M = 1 (40 programs) on the H200,
+# where the weight streams of wo_a's early-launched programs otherwise share its SMs (24.5
+# against 24.9 us). Two programs a SM, or the combine alone too, were slower.
 # Splits of several key blocks (their loop is longer, so more of it meets the weight streams)
 # hold their SMs alone up to 1 / ALONE_SMS_SHARE_LONG of the SMs' count: tp 2, M = 2 (80
-# programs of 2 blocks) took 63.8 against 65.8 us (session 21) and 63.7 / 62.9 against 64.7 /
-# 64.7 (session 22; tp 4, M = 4, 80 x 2 without PDL: 60.3 against 60.1); one-block splits at
-# 80 programs stay shared: tp 4, M = 2 was level (above), tp 2, M = 1 slower alone (39.3
-# against 38.2 and 38.2 against 37.8 in session 21, 38.9 / 38.7 against 37.2 / 37.0 in 22).
+# programs of 2 blocks) 63.8 against 65.8 us; one-block splits at 80 programs stay shared (tp 2,
+# M = 1 was slower alone).
 ALONE_SMS_SHARE = 3
 ALONE_SMS_SHARE_LONG = 1.5
 # The score dot [16 heads, 512] x [512, 16 keys] is one chain of 32 dependent MMAs a warp; in 4
-# segments of 128 dims (a batched dot, summed after) it is 4 short chains, and on SM90 (Triton
-# 3.6, 80-key splits) 940 SASS instructions a warp and key block instead of 1,073, 7 barriers
-# instead of 12. H200, session 11, tp 4, us a step against one segment: M = 1: 36.0 / 37.7;
-# M = 4: 60.6 / 60.5; M = 16: 71.0 / 71.8; M = 48 (48 pairs): 140.3 / 136.6. So 4 segments up to
-# 16 (token, head tile) pairs, one above (tp 2 was not timed).
+# segments of 128 dims (a batched dot, summed after) it is 4 short chains (SM90: 940 SASS
+# instructions a warp and key block instead of 1,073): faster up to 16 (token, head tile) pairs
+# on the H200 (tp 4, M = 1: 36.0 against 37.7 us), slower at 48, so one segment above.
 QK_SEGMENTS = 4
 QK_SEGMENTS_TILES = 16
 LOG2_E = math.log2(math.e)
@@ -735,7 +709,7 @@ def mega_attention(
     part_stat = torch.empty(2 * parts, dtype=torch.float32, device=device)
     comp = compressed_cache if compressed_cache is not None else window_cache
     xo_bytes = xo.view(torch.uint8)
-    pdl = pdl_enabled(tokens) if pdl is None else pdl and not interpreting()
+    pdl = pdl_enabled(tokens) if pdl is None else pdl and current_platform().pdl
     early = records_ready and keys_per_split == KEY_BLOCK
     aligned = rows_aligned(window_cache, comp)
     trace = trace_buffer
@@ -747,6 +721,9 @@ def mega_attention(
         raise ValueError(f"mega_attention.trace_buffer: expected int64 [>= {programs}, "
                          f"{TRACE_FIELDS}] on {device}, got {trace.dtype} {list(trace.shape)} "
                          f"on {trace.device}")  # fmt: skip
+    if trace is not None and not current_platform().ptx:
+        raise ValueError(f"mega_attention.trace_buffer: the trace reads NVIDIA's PTX timers, "
+                         f"got {current_platform().features}")  # fmt: skip
     launch_alone(
         mega_attention_kernel, (tiles, splits), tuning.alone and not interpreting(), device,
         q_fused, positions, key_table, window_cache.data, comp.data, attn_sink, cos, sin,
@@ -757,7 +734,7 @@ def mega_attention(
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
-        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and not interpreting(),
+        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and current_platform().ptx,
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,

@@ -1,6 +1,6 @@
 """MXFP8 GEMM for small M: ``out = dequant(a8) @ dequant(w)^T``, fp32 accumulate, bf16 out.
 
-SPEC §2 and §3.
+docs/design.md §2 and §3.
 
 One kernel serves every projection of the step. The weight is e4m3 ``[N, K]``
 with per-row E8M0 codes ``[N, K / 32]`` (``LayerWeights``); the activation
@@ -58,6 +58,7 @@ from dsv41.common.mx import (
     mx_round_tl,
 )
 from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
+from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.launch import bucket_for, interpreting, sm_count
@@ -81,16 +82,10 @@ O_PROLOGUE_BLOCK_K = 128
 # tile is in flight before the PDL wait. Where whole rows of K fit GEMV_TILE_BYTES in at most
 # GEMV_MAX_STEPS unrolled K steps, a program takes whole rows: no split-K partials, ticket or
 # second pass. Otherwise tiles of GEMV_SPLIT_TILE_BYTES (>= 8 rows, >= 32 for z's MX cast)
-# split K. H200, tp 4, M = 1, each GEMM alone (profile_step.py --sweep, session 6): whole rows
-# Wqkv 2 x 5 x 1024 6.52 us, wq_b 8 x 5 x 256 7.60, wo_b 8 x 2048 (8 warps) 6.04, against
-# 6.82 / 8.83 / 7.19 split over K. In the step with PDL only the first of a program's K steps
-# is loaded before the wait: whole rows in up to 5 steps took 42.5 us at M = 1 against 40.5
-# with one step (wo_b only); 16 KB split-K tiles took 40.3 against 38.6 (8 KB).
-# At M = 2 .. 8 the loop's per-row reductions made it 1.2 to 2.8x slower than the MMA loop
-# (session 3). Session 9, M = 2, with PDL: 55.1 / 54.8 us at tp 4 against 56.9 / 57.3 on the
-# MMA loop without PDL, but 80.4 against 68.9 at tp 2. Session 12, with the tile's MX blocks
-# outermost (_gemv_tile) and PDL: M = 2 41.6 us at tp 4 and 66.8 at tp 2 against 56.4 and 68.8
-# on the MMA loop; M = 4 65.1 and 99.1 against 60.3 and 71.3.
+# split K. Whole rows beat split K for each GEMM alone on the H200 (wq_b 7.60 against 8.83 us);
+# in the step only a program's first K step is loaded before the wait, so one step a tile.
+# With the tile's MX blocks outermost (_gemv_tile) and PDL the loop beats the MMA loop at two
+# tokens (tp 4: 41.6 against 56.4 us) but not at four (65.1 against 60.3): GEMV_MAX_M = 2.
 GEMV_MAX_M = 2
 GEMV_TILE_BYTES = 16384
 GEMV_SPLIT_TILE_BYTES = 8192
@@ -100,9 +95,8 @@ GEMV_BLOCK_N = (8, 64)  # rows of a split-K tile, least and most
 GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile
 # One token, whole rows of Wqkv's 5120 / wq_b's 1280 columns as 4096 + 1024 / 1024 + 256 (and
 # wo_a's 4096 when z is cast in wo_b), both loaded before the PDL wait: no split-K sum (0: off).
-# H200 session 13, tp 4 / tp 2, M = 1: 32 KB tiles (4 / 16 / 8 rows, 8 warps) 29.8 / - us, with
-# z cast in wo_b 29.5 / 41.7, against 30.3-31.0 / 43.8 split; 16 KB tiles (Wqkv 2 rows of 4
-# warps at 80 registers: more than one wave) 34.1 / -.
+# 32 KB tiles were faster than split K on the H200 (tp 4, M = 1: 29.5 against 30.3 to 31.0 us);
+# 16 KB tiles took Wqkv past one wave of programs.
 GEMV_TAIL_BYTES = 32768
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
@@ -741,8 +735,9 @@ def mx_gemm(
     formats, ``[M, K]``), when given with a bf16 ``a`` on the CUDA-core loop, receives the
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
-    the L2 for before their wait (on the GPU; nothing under the interpreter, which has no L2).
-    ``config`` and ``pdl`` (a step's ``Tuning`` passes both): None picks them for M.
+    the L2 for before their wait (where the platform has inline PTX: not on ROCm, nor under the
+    interpreter, which has no L2). ``config`` and ``pdl`` (a step's ``Tuning`` passes both):
+    None picks them for M.
     """
     n, k = w.shape
     _check("w", w, E4M3, (n, k))
@@ -842,6 +837,9 @@ def mx_gemm(
                               or tuple(trace.shape[1:]) != (TRACE_FIELDS,)):  # fmt: skip
         raise ValueError(f"scratch.trace: expected int64 [>= {math.prod(grid)}, {TRACE_FIELDS}], "
                          f"got {trace.dtype} {list(trace.shape)}")  # fmt: skip
+    if trace is not None and not current_platform().ptx:
+        raise ValueError(f"scratch.trace: the trace reads NVIDIA's PTX timers, "
+                         f"got {current_platform().features}")  # fmt: skip
     if cfg.split_k > 1:
         part, tickets = (scratch or scratch_for("default")).get(
             cfg.split_k * m * n, grid[0] * grid[2], dev
@@ -849,7 +847,7 @@ def mx_gemm(
     else:
         part = tickets = out
     o8v, o8c = out8 if quant else a8_out if a8_out is not None else (out, out)
-    pdl = pdl_enabled(m) if pdl is None else pdl and not interpreting()
+    pdl = pdl_enabled(m) if pdl is None else pdl and current_platform().pdl
     mx_gemm_kernel[grid](
         a_val,
         a_codes,
@@ -894,7 +892,7 @@ def mx_gemm(
         A8_OUT=a8_out is not None,
         TRACE=trace is not None,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
-           and not interpreting() else {}),
+           and current_platform().ptx else {}),
         **pdl_launch_options(pdl),
     )
     return out

@@ -1,4 +1,5 @@
-"""After Wqkv, a program a token: RMSNorms, RoPE on kv, record insert, MXFP8 of qr (SPEC §2.2-2.4).
+"""After Wqkv, a program a token: RMSNorms, RoPE on kv, record insert, MXFP8 of qr (docs/design.md
+§2.2-2.4).
 
 ``qr = rmsnorm(qkv[:q_rank]) * q_norm`` and ``kv = rmsnorm(qkv[q_rank:]) *
 kv_norm`` in fp32, each rounded to bf16; kv's dims ``nope..`` turn forward by
@@ -21,7 +22,7 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, store_record_tl
 from dsv41.common.mx import E4M3, MX_BLOCK, bf16_round_tl, mx_quantize_tl
 from dsv41.common.norm_tl import kv_angles_tl, kv_normed_tl, rms_factor_tl
-from dsv41.nvidia.ops.launch import interpreting
+from dsv41.common.platform import current_platform
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 
@@ -130,7 +131,7 @@ def norm_rope_insert(
     for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
         if tuple(t.shape) != (m,):
             raise ValueError(f"{name}: expected [{m}], got {list(t.shape)}")
-    pdl = pdl_enabled(m) if pdl is None else pdl and not interpreting()
+    pdl = pdl_enabled(m) if pdl is None else pdl and current_platform().pdl
     norm_rope_insert_kernel[(m,)](
         qkv,
         q_norm,

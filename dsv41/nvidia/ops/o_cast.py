@@ -1,4 +1,5 @@
-"""The grouped o_proj cast: standard bf16 o -> inverse RoPE -> bf16 -> fused MXFP8 (SPEC §2.6-2.7).
+"""The grouped o_proj cast: standard bf16 o -> inverse RoPE -> bf16 -> fused MXFP8 (docs/design.md
+§2.6-2.7).
 
 ``xo[m, g * GK + (c * G + h) * 32 + j] = mxfp8(bf16(inverse_rope(o[m, g * G + h, c * 32 + j])))``
 with its code at column ``g * GK / 32 + c * G + h``: the same values and codes

@@ -1,6 +1,6 @@
 """Output projection of a standard-layout o: ``y = wo_b(mxfp8(wo_a(mxfp8(inverse_rope(o)))))``.
 
-SPEC §2.6-2.8 and §6.
+docs/design.md §2.6-2.8 and §6.
 
 ``o_proj`` serves attention kernels other than the mega kernel, whose bf16
 ``o [M, heads, 512]`` is in the standard layout and not yet inverse-RoPE'd.

@@ -45,8 +45,7 @@ def reserve_shared(compiled, nbytes: int) -> None:
     if not hasattr(compiled, "packed_metadata") or len(compiled.packed_metadata) != 3:
         raise RuntimeError(
             "sm_share.reserve_shared: expected a Triton CompiledKernel whose packed_metadata is "
-            f"(num_warps, num_ctas, shared), got {getattr(compiled, 'packed_metadata', None)!r} "
-            "(run with DSV41_ATTN_ALONE=0 on this Triton)"
+            f"(num_warps, num_ctas, shared), got {getattr(compiled, 'packed_metadata', None)!r}"
         )
     compiled.metadata = compiled.metadata._replace(shared=nbytes)
     compiled.packed_metadata = (*compiled.packed_metadata[:2], nbytes)
