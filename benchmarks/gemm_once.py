@@ -12,7 +12,7 @@ import torch
 from dsv41.common.geometry import Dims
 from dsv41.common.mx import E4M3
 from dsv41.nvidia.ops.mx_gemm import mx_gemm
-from dsv41.nvidia.step import GEMM_SITES, gemm_shapes
+from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes
 
 
 def main() -> None:

@@ -74,9 +74,9 @@ def seen_as_gpu(layer, target: str):
     step of ``layer`` tells it (the step's one device-dependent choice past that count)."""
     import dsv41.nvidia.ops.mega_attention as attention
     import dsv41.nvidia.ops.mx_gemm as gemm
-    from dsv41.nvidia import step
+    from dsv41.nvidia import step, tuning
 
-    saved = (gemm.sm_count, attention.sm_count, step.sm_count, step.mega_attention,
+    saved = (gemm.sm_count, attention.sm_count, tuning.sm_count, step.mega_attention,
              attention.launch_alone)  # fmt: skip
     gpu = torch.device("cuda")
 
@@ -85,16 +85,16 @@ def seen_as_gpu(layer, target: str):
 
     def attend(*args, records_ready, **kwargs):  # on a GPU the norm kernel's side stream
         m = args[0].shape[0]  # joins attention by an event where wq_b normalises qr itself
-        kwargs["records_ready"] = step.norm_in_wq_b(layer, m, gpu)
+        kwargs["records_ready"] = tuning.tuning_for(layer.dims, gpu, m).norm_in_wq_b
         return saved[3](*args, **kwargs)
 
-    gemm.sm_count = attention.sm_count = step.sm_count = lambda device: MULTIPROCESSORS[target]
+    gemm.sm_count = attention.sm_count = tuning.sm_count = lambda device: MULTIPROCESSORS[target]
     step.mega_attention = attend
     attention.launch_alone = launch
     try:
         yield
     finally:
-        (gemm.sm_count, attention.sm_count, step.sm_count, step.mega_attention,
+        (gemm.sm_count, attention.sm_count, tuning.sm_count, step.mega_attention,
          attention.launch_alone) = saved  # fmt: skip
 
 

@@ -182,7 +182,7 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, n_layers:
     from dsv41.bench import capture_graph, graph_layers, graph_scenarios, layer_steps, step_function
     from dsv41.nvidia.ops import mega_attention as attn
     from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for
-    from dsv41.nvidia.step import GEMM_SITES
+    from dsv41.nvidia.tuning import GEMM_SITES
 
     lws = graph_layers(dims, 0, n_layers)  # the bench's graph: the last layer's stamps stay
     step = step_function("nvidia")
@@ -321,7 +321,7 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
     from dsv41.common.mx import E4M3
     from dsv41.nvidia.ops.launch import sm_count
     from dsv41.nvidia.ops.mx_gemm import GemmConfig, Scratch, gemm_config, mx_gemm
-    from dsv41.nvidia.step import gemm_shapes
+    from dsv41.nvidia.tuning import gemm_shapes
 
     sites = gemm_shapes(dims)
     sms = sm_count(torch.device("cuda"))

@@ -16,6 +16,7 @@ import torch
 
 from dsv41.common import switches
 from dsv41.common.geometry import Dims
+from dsv41.common.platform import Platform, current_platform
 from dsv41.nvidia.ops.launch import bucket_for, sm_count
 from dsv41.nvidia.ops.mega_attention import AttentionTuning, attention_tuning
 from dsv41.nvidia.ops.mx_gemm import GEMV, GemmConfig, GemvRules, gemm_config
@@ -92,7 +93,7 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
     return Tuning(
         bucket=bucket,
         sms=sms,
-        pdl=pdl_enabled(bucket) if pdl is None else pdl and not switches.interpreting(),
+        pdl=pdl_enabled(bucket) if pdl is None else pdl and current_platform().pdl,
         norm_in_wq_b=wq_b.gemv,
         z_cast_in_wo_b=z_cast,
         wqkv=config("wqkv", quant_out=False),
@@ -104,11 +105,12 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
 
 
 @functools.cache
-def _cached(dims: Dims, sms: int, bucket: int, pdl: bool | None, interpret: bool) -> Tuning:
-    return resolve(dims, sms, bucket, pdl=pdl)
+def _cached(dims: Dims, sms: int, bucket: int, pdl: bool | None, platform: Platform) -> Tuning:
+    return resolve(dims, sms, bucket)  # pdl and platform: the cache key of what resolve reads
 
 
 def tuning_for(dims: Dims, device: torch.device, tokens: int) -> Tuning:
-    """``resolve`` for ``device``'s SM count, once a (geometry, SM count, bucket, switches)."""
+    """``resolve`` for ``device``'s SM count, once a (geometry, SM count, bucket, platform,
+    ``DSV41_PDL``)."""
     return _cached(dims, sm_count(device), bucket_for(tokens), switches.pdl(),
-                   switches.interpreting())  # fmt: skip
+                   current_platform())  # fmt: skip

@@ -7,6 +7,7 @@ a CUDA-graph replay (split keys and combine, one split) equals the eager launch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -109,12 +110,9 @@ def test_cuda_graph_replay_equals_eager(tokens):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-def _same_bits_both_ways(monkeypatch, switch: str, run):
-    """``run()`` with ``switch`` at 0 and at 1: the same bits in every output; the outputs at 1."""
-    monkeypatch.setenv(switch, "0")
-    off = run()
-    monkeypatch.setenv(switch, "1")
-    on = run()
+def _same_bits_both_ways(run):
+    """``run(False)`` and ``run(True)``: the same bits in every output; the outputs of True."""
+    off, on = run(False), run(True)
     for a, b in zip(on, off):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     return on
@@ -123,22 +121,34 @@ def _same_bits_both_ways(monkeypatch, switch: str, run):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_record_prefetch_changes_no_bit(fmt, monkeypatch):
     """Splits of several key blocks with and without the L2 prefetch of their records
-    (``DSV41_ATTN_PREFETCH``): the same bits, and the reference's seams."""
+    (``prefetch_records``, on on an NVIDIA GPU): the same bits, and the reference's seams."""
+    from dsv41.nvidia.ops import mega_attention as attention
+
     layer, sc, seams, q_fused = _step(4, COMPRESSED_LAYER, 16, fmt)
-    on = _same_bits_both_ways(monkeypatch, "DSV41_ATTN_PREFETCH",
-                              lambda: _run(layer, sc, q_fused, splits=7))  # fmt: skip
-    _check_against_reference(layer, seams, on)
+    real = attention.prefetch_records
+    assert real()
+
+    def run(prefetch: bool):
+        monkeypatch.setattr(attention, "prefetch_records", real if prefetch else lambda: False)
+        return _run(layer, sc, q_fused, splits=7)
+
+    _check_against_reference(layer, seams, _same_bits_both_ways(run))
 
 
 @pytest.mark.parametrize("tokens", [1, 2])
-def test_alone_changes_no_bit(tokens, monkeypatch):
-    """Programs holding their SMs alone (``DSV41_ATTN_ALONE``) compute the same bits, and the
+def test_alone_changes_no_bit(tokens):
+    """Programs holding their SMs alone (``AttentionTuning.alone``) compute the same bits, and the
     launch asked for a whole SM's shared memory."""
-    from dsv41.nvidia.ops.mega_attention import mega_attention_kernel
+    from dsv41.nvidia.ops.launch import sm_count
+    from dsv41.nvidia.ops.mega_attention import attention_tuning, mega_attention_kernel
     from dsv41.nvidia.ops.sm_share import whole_sm_shared_bytes
 
     layer, sc, seams, q_fused = _step(4, COMPRESSED_LAYER, tokens, "fp8_ds_mla")
-    on = _same_bits_both_ways(monkeypatch, "DSV41_ATTN_ALONE", lambda: _run(layer, sc, q_fused))
+    chosen = attention_tuning(tokens, layer.dims.heads, sc.key_table.shape[1],
+                              sm_count(q_fused.device))  # fmt: skip
+    on = _same_bits_both_ways(
+        lambda alone: _run(layer, sc, q_fused, tuning=dataclasses.replace(chosen, alone=alone))
+    )
     _check_against_reference(layer, seams, on)
     whole = whole_sm_shared_bytes(q_fused.device.index or 0)
     assert whole >= 200 * 1024

@@ -115,7 +115,7 @@ def test_gemm_trace_stamps_every_program(layer):
     equals the untraced step's."""
     from dsv41.nvidia.ops.launch import sm_count
     from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for
-    from dsv41.nvidia.step import GEMM_SITES, gemm_shapes
+    from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes
 
     sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=5, device=DEVICE)
     a, b = sc.clone_caches(), sc.clone_caches()
@@ -167,7 +167,7 @@ def test_attention_trace_stamps_every_program(layer, tokens):
     sms = sm_count(DEVICE)
     splits, _ = attn.attention_splits(tokens, heads, sc.key_table.shape[1], sms)
     tiles = attn.head_tile_pairs(tokens, heads)
-    programs = tiles * splits + (tiles * attn.combine_programs(attn.combine_heads())
+    programs = tiles * splits + (tiles * attn.combine_programs(attn.COMBINE_HEADS)
                                  if splits > 1 else 0)  # fmt: skip
     assert bool((t[:programs, 0] > 0).all()) and bool((t[programs:] == 0).all())
     ours, comb = t[: tiles * splits], t[tiles * splits: programs]

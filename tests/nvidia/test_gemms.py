@@ -28,6 +28,7 @@ from dsv41.common.platform import parse_target, targeting
 from dsv41.common.reference import mx_linear, rmsnorm, wo_a_grouped
 from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.weights import LayerWeights
+from dsv41.nvidia.ops.launch import bucket_for
 from dsv41.nvidia.ops.mx_gemm import (
     GEMV_BLOCK_K_MAX,
     GEMV_MAX_M,
@@ -38,14 +39,14 @@ from dsv41.nvidia.ops.mx_gemm import (
     PROGRAMS_PER_SM,
     TRACE_FIELDS,
     GemmConfig,
+    GemvRules,
     NormInput,
     Scratch,
-    bucket_for,
     gemm_config,
     mx_gemm,
 )
-from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert, prefetch_ahead
-from dsv41.nvidia.step import gemm_shapes
+from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
+from dsv41.nvidia.tuning import gemm_shapes
 
 BF16_STEP = 2.0**-7  # bf16 spacing relative to a value, at most
 E4M3_STEP = 2.0**-3
@@ -205,14 +206,13 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
                 config=GemmConfig(block_m=16, block_n=32, block_k=k, split_k=1))  # fmt: skip
 
 
-def test_one_token_takes_whole_rows_with_a_tail(monkeypatch):
+def test_one_token_takes_whole_rows_with_a_tail():
     """Real geometry, tp 4, one token: a K past GEMV_BLOCK_K_MAX takes whole rows of
-    ``DSV41_GEMV_TAIL`` bytes as a power-of-two tile and a tail (Wqkv 4096 + 1024, wq_b 1024 +
+    ``GemvRules.tail`` bytes as a power-of-two tile and a tail (Wqkv 4096 + 1024, wq_b 1024 +
     256, wo_a without its MXFP8 epilogue 4096); two tokens, and a tail rule of 0, split K. A K of
     2048 (wo_b) takes that many bytes of whole rows too (16); without them, or at two tokens,
-    ``gemv_tile()``'s (8)."""
-    for name in ("DSV41_GEMV_TAIL", "DSV41_GEMV_TILE", "DSV41_GEMV_STEPS", "DSV41_GEMV_MAX_M"):
-        monkeypatch.delenv(name, raising=False)
+    ``GemvRules.tile``'s (8)."""
+    no_tail = GemvRules(tail=0)
     shapes = gemm_shapes(Dims.of("dsv41-flash", 4))
     want = {"wqkv": (4, 4096, 1024), "wq_b": (16, 1024, 256), "wo_a": (8, 4096, 0)}
     for name, (rows, head, tail) in want.items():
@@ -222,40 +222,34 @@ def test_one_token_takes_whole_rows_with_a_tail(monkeypatch):
             rows, head, tail, 1, 1), (name, cfg)  # fmt: skip
         assert cfg.block_n * k <= GEMV_TAIL_BYTES and cfg.num_warps == 8, cfg
         assert gemm_config(2, n, k, n_per_group=npg or n, quant_out=False, sms=132).split_k > 1
-        monkeypatch.setenv("DSV41_GEMV_TAIL", "0")
-        assert gemm_config(1, n, k, n_per_group=npg or n, quant_out=False, sms=132).split_k > 1
-        monkeypatch.delenv("DSV41_GEMV_TAIL")
+        assert gemm_config(1, n, k, n_per_group=npg or n, quant_out=False, sms=132,
+                           rules=no_tail).split_k > 1  # fmt: skip
     n, k, npg, _ = shapes["wo_b"]
     assert k == GEMV_BLOCK_K_MAX and GEMV_TAIL_BYTES // k == 16 and GEMV_TILE_BYTES // k == 8
     cfg = gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132)
     assert (cfg.block_n, cfg.block_k, cfg.k_tail, cfg.split_k, cfg.num_warps) == (16, k, 0, 1, 8)
-    monkeypatch.setenv("DSV41_GEMV_TAIL", "0")
-    assert gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132).block_n == 8
-    monkeypatch.delenv("DSV41_GEMV_TAIL")
+    assert gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132,
+                       rules=no_tail).block_n == 8  # fmt: skip
     assert gemm_config(2, n, k, n_per_group=n, quant_out=False, sms=132).block_n == 8
     n, k, npg, _ = shapes["wo_a"]
     assert gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=132).split_k > 1  # casts z
-    for bad in ("1", "65536", "x"):
-        monkeypatch.setenv("DSV41_GEMV_TAIL", bad)
-        with pytest.raises(ValueError, match=f"DSV41_GEMV_TAIL: expected 0 or a power of two "
-                                             f"4096 .. 32768, got '{bad}'"):  # fmt: skip
-            gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)
+    for bad in (1, 65536, 12288):
+        with pytest.raises(ValueError, match=f"GemvRules.tail: expected 0 or a power of two "
+                                             f"4096 .. 32768, got {bad}"):  # fmt: skip
+            GemvRules(tail=bad)
 
 
 @pytest.mark.parametrize("steps, tile", [(1, GEMV_SPLIT_TILE_BYTES), (5, 2 * GEMV_SPLIT_TILE_BYTES)])
-def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
+def test_small_buckets_take_the_cuda_core_loop(steps, tile):
     """Real geometry, tp 4: buckets up to GEMV_MAX_M run the GEMV loop, whole rows a program
-    where they fit a tile in at most ``DSV41_GEMV_STEPS`` K steps, else K split in tiles; the
+    where they fit a tile in at most ``GemvRules.max_steps`` K steps, else K split in tiles; the
     MMA loop above them and for the fused WO-A prologue (one token's tail rule off)."""
-    monkeypatch.delenv("DSV41_GEMV_MAX_M", raising=False)
-    monkeypatch.setenv("DSV41_GEMV_TAIL", "0")
-    monkeypatch.setenv("DSV41_GEMV_STEPS", str(steps))
-    monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", str(tile))
+    rules = GemvRules(tail=0, max_steps=steps, split_tile=tile)
     dims = Dims.of("dsv41-flash", 4)
     whole = set()
     for name, (n, k, npg, quant) in gemm_shapes(dims).items():
         for m in (1, 2, 8, 16):
-            cfg = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=132)
+            cfg = gemm_config(m, n, k, n_per_group=npg or n, quant_out=quant, sms=132, rules=rules)
             assert cfg.gemv == (m <= GEMV_MAX_M), (name, m, cfg)
             if cfg.gemv:
                 assert cfg.block_m == m and cfg.block_k * cfg.k_steps * cfg.split_k == k, cfg
@@ -264,40 +258,28 @@ def test_small_buckets_take_the_cuda_core_loop(monkeypatch, steps, tile):
                     assert cfg.block_n * k <= GEMV_TILE_BYTES and cfg.k_steps <= steps, cfg
                 else:
                     assert cfg.k_steps == 1 and cfg.block_n >= (32 if quant else 8), cfg
-                    want = GEMV_QUANT_TILE_BYTES if quant else tile  # wo_a: its own switch
+                    want = GEMV_QUANT_TILE_BYTES if quant else tile  # wo_a: its own rule
                     assert cfg.block_n * cfg.block_k == want, (name, cfg)
         assert not gemm_config(1, n, k, n_per_group=npg or n, quant_out=quant, sms=132,
-                               gemv_ok=False).gemv  # fmt: skip
+                               gemv_ok=False, rules=rules).gemv  # fmt: skip
     # wo_b's 2048 columns are one K step; Wqkv's 5120 and wq_b's 1280 take 5; wo_a casts z
     assert whole == ({"wo_b"} if steps == 1 else {"wqkv", "wq_b", "wo_b"})
-    for bad in ("0", "9", "x"):
-        monkeypatch.setenv("DSV41_GEMV_STEPS", bad)
-        with pytest.raises(ValueError, match=f"DSV41_GEMV_STEPS: expected 1 .. 8, got '{bad}'"):
-            gemm_config(1, 64, 256, n_per_group=64, quant_out=False, sms=132)
-    monkeypatch.setenv("DSV41_GEMV_STEPS", "1")
-    for bad in ("49", "-1", "one"):
-        monkeypatch.setenv("DSV41_GEMV_MAX_M", bad)
-        with pytest.raises(ValueError, match=f"DSV41_GEMV_MAX_M: expected 0 .. 48, got '{bad}'"):
-            gemm_config(1, 64, 256, n_per_group=64, quant_out=False, sms=132)
-    monkeypatch.delenv("DSV41_GEMV_MAX_M")
-    monkeypatch.setenv("DSV41_GEMV_TILE", "8192")  # wo_b: 4 whole rows of 2048 a program
-    n, k, _, _ = gemm_shapes(dims)["wo_b"]
-    cfg = gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132)
+    for field, bad, expected in (("max_steps", 0, "1 .. 8"), ("max_steps", 9, "1 .. 8"),
+                                 ("max_m", 49, "0 .. 48"), ("max_m", -1, "0 .. 48"),
+                                 ("tile", 12288, "a power of two"),
+                                 ("split_tile", 65536, "a power of two")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"GemvRules.{field}: expected {expected}"):
+            GemvRules(**{field: bad})
+    assert not gemm_config(1, 64, 256, n_per_group=64, quant_out=False, sms=132,
+                           rules=GemvRules(max_m=0)).gemv  # fmt: skip
+    n, k, _, _ = gemm_shapes(dims)["wo_b"]  # wo_b: 4 whole rows of 2048 a program
+    cfg = gemm_config(1, n, k, n_per_group=n, quant_out=False, sms=132,
+                      rules=GemvRules(tail=0, tile=8192))  # fmt: skip
     assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (4, 2048, 1, 4), cfg
-    for bad in ("2048", "12288", "x"):
-        monkeypatch.setenv("DSV41_GEMV_TILE", bad)
-        with pytest.raises(ValueError, match=f"DSV41_GEMV_TILE: expected a power of two .*'{bad}'"):
-            gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)
-    monkeypatch.delenv("DSV41_GEMV_TILE")
-    monkeypatch.setenv("DSV41_GEMV_QUANT_TILE", "16384")  # wo_a: 32 rows x 512, 8 K splits
-    n, k, npg, _ = gemm_shapes(dims)["wo_a"]
-    cfg = gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=132)
+    n, k, npg, _ = gemm_shapes(dims)["wo_a"]  # wo_a: 32 rows x 512, 8 K splits
+    cfg = gemm_config(1, n, k, n_per_group=npg, quant_out=True, sms=132,
+                      rules=GemvRules(quant_tile=16384))  # fmt: skip
     assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (32, 512, 8, 8), cfg
-    monkeypatch.delenv("DSV41_GEMV_QUANT_TILE")
-    for bad in ("2048", "12288", "65536", "x"):
-        monkeypatch.setenv("DSV41_GEMV_SPLIT_TILE", bad)
-        with pytest.raises(ValueError, match=f"DSV41_GEMV_SPLIT_TILE: expected a power of two .*'{bad}'"):
-            gemm_config(1, 64, 5120, n_per_group=64, quant_out=False, sms=132)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])
@@ -362,72 +344,6 @@ def test_norm_rope_insert(layer, fmt):
     norm_rope_insert(qkv, layer.q_norm, layer.kv_norm, positions, slots, cache_kv, cos, sin,
                      eps=model.eps, nope=model.nope_dim, kv=kv_only, qr8=None)  # fmt: skip
     assert torch.equal(kv_only, kv) and torch.equal(cache_kv.data, cache.data)
-
-
-def test_norm_prefetch_rule_and_bad_inputs(layer, monkeypatch):
-    """``prefetch_ahead``: opt-in on an NVIDIA GPU with aligned rows, never in the interpreter
-    (no L2) nor on ROCm (inline PTX); ``DSV41_NORM_PREFETCH`` must be 0 or 1; a key table of the wrong type or rows and a
-    compressed cache of another format are refused with their names, before any launch."""
-    model = layer.dims.model
-    cache = PagedKVCache(4, model.window_block, "fp8_ds_mla")
-    monkeypatch.delenv("DSV41_NORM_PREFETCH", raising=False)
-    assert not prefetch_ahead(cache, None)  # the interpreter
-    monkeypatch.setenv("DSV41_NORM_PREFETCH", "1")
-    with targeting(parse_target("sm90")):
-        assert prefetch_ahead(cache, None)
-    with targeting(parse_target("gfx942")):  # the bulk prefetch is inline PTX
-        assert not prefetch_ahead(cache, None)
-    monkeypatch.setenv("DSV41_NORM_PREFETCH", "2")
-    with pytest.raises(ValueError, match="DSV41_NORM_PREFETCH: expected 0 or 1, got '2'"):
-        prefetch_ahead(cache, None)
-    monkeypatch.delenv("DSV41_NORM_PREFETCH")
-    m = 2
-    qkv = x_of(m, model.qkv_rows, 41)
-    cos, sin = rope_tables(model, layer.layer_id)
-    kv = torch.empty(m, model.kv_dim, dtype=torch.bfloat16)
-    table = torch.zeros(m, 64, dtype=torch.int32)
-    want_table = r"prefetch key_table: expected int32 \[2, KEYS\], got torch.int"
-    other_fmt = "expected the window cache's record format fp8_ds_mla, got fp8_mx"
-    for bad, match in (
-        ((table.long(), None), want_table + r"64 \[2, 64\]"),
-        ((table[:1], None), want_table + r"32 \[1, 64\]"),
-        ((table, PagedKVCache(4, model.window_block, "fp8_mx")), other_fmt),
-    ):  # fmt: skip
-        with pytest.raises(ValueError, match=match):
-            norm_rope_insert(qkv, layer.q_norm, layer.kv_norm, torch.arange(m), torch.arange(m),
-                             cache, cos, sin, eps=model.eps, nope=model.nope_dim, kv=kv, qr8=None,
-                             prefetch=bad)  # fmt: skip
-
-
-SM90_NORM = r"""
-import json, re, sys
-from sm90 import sm90_ptx
-from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert_kernel as fn
-keys = int(sys.argv[1])
-consts = dict(Q_RANK=1280, Q_PAD=2048, KV_DIM=512, NOPE=448, HALF_ROPE=32, BLOCK_TOKENS=64,
-              FMT=int(sys.argv[2]), USE_PDL=False, QR8=False, KEYS=keys,
-              KEYS_PAD=max(1, 1 << (keys - 1).bit_length()), COMP_BLOCK=64)
-kinds = {"qkv_ptr": "*bf16", "q_norm_ptr": "*bf16", "kv_norm_ptr": "*bf16", "pos_ptr": "*i64",
-         "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "kv_ptr": "*bf16",
-         "table_ptr": "*i32", "eps": "fp32"}
-ptx = sm90_ptx(fn, consts, kinds, num_warps=4)
-first_store, last_store = ptx.find("st.global"), ptx.rfind("st.global")
-bulk = [m.start() for m in re.finditer(r"cp\.async\.bulk\.prefetch\.L2", ptx)]
-print(json.dumps({"loads_before_stores": ptx[:first_store].count("ld.global"), "bulk": len(bulk),
-                  "after_stores": all(b > last_store for b in bulk)}))
-"""
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
-@pytest.mark.parametrize("fmt", [0, 1])
-def test_norm_prefetch_compiles_for_sm90(fmt):
-    """The norm kernel with a 640-key prefetch, compiled for SM90 without a GPU: the table is
-    read before the first store (the kv row and the record) and the bulk prefetches come after
-    the last one, so the kernel waits for neither; none without it."""
-    on, off = (ptx_facts(SM90_NORM, keys, str(fmt)) for keys in ("640", "0"))
-    assert on["bulk"] > 0 and on["after_stores"], on
-    assert on["loads_before_stores"] > off["loads_before_stores"], (on, off)
-    assert off["bulk"] == 0, off
 
 
 def test_configs_fill_the_gpu_from_the_bucket():

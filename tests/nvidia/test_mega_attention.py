@@ -7,6 +7,7 @@ checked against the same reference pieces (``gather_keys``, ``attention_core``, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -26,7 +27,7 @@ from dsv41.nvidia.ops.mega_attention import (
     COMBINE_WIDE_SPLITS,
     KEY_BLOCK,
     attention_splits,
-    combine_heads,
+    attention_tuning,
     combine_programs,
     combine_wide,
     mega_attention,
@@ -75,13 +76,20 @@ def _expected(layer, sc, seams, key_table, sink):
     return (*_fused(mxfp8_quantize(o), m.heads_per_group), lse)
 
 
-def _run(layer, sc, q_fused, key_table=None, sink=None, splits=None):
+def _run(layer, sc, q_fused, key_table=None, sink=None, splits=None, **tuning):
+    """The attention of ``sc``; ``tuning``: ``AttentionTuning`` fields changed from the ones
+    picked for its tokens and ``splits``."""
     m = layer.dims.model
     cos, sin = rope_tables(m, layer.layer_id)
+    table = sc.key_table if key_table is None else key_table
+    chosen = None
+    if tuning:
+        chosen = attention_tuning(table.shape[0], layer.dims.heads, table.shape[1], 8, splits)
+        chosen = dataclasses.replace(chosen, **tuning)
     xo, codes, lse = mega_attention(
-        q_fused, sc.positions, sc.key_table if key_table is None else key_table, sc.window_cache,
-        sc.compressed_cache, layer.attn_sink if sink is None else sink, cos, sin,
-        softmax_scale=m.softmax_scale, heads_per_group=m.heads_per_group, splits=splits,
+        q_fused, sc.positions, table, sc.window_cache, sc.compressed_cache,
+        layer.attn_sink if sink is None else sink, cos, sin, softmax_scale=m.softmax_scale,
+        heads_per_group=m.heads_per_group, splits=splits, tuning=chosen,
     )  # fmt: skip
     return mxfp8_dequantize(xo, codes), codes, lse  # fused: value i has code i // 32
 
@@ -140,10 +148,10 @@ def test_splits_agree(splits):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_early_keys_give_the_same_bits(fmt, monkeypatch):
-    """Splits of one key block reading their keys before the PDL wait (``DSV41_ATTN_EARLY=1``
-    with the caches ready) give the bits of the default order; any other split count or caches
-    not ready run the default order."""
+def test_early_keys_give_the_same_bits(fmt):
+    """Splits of one key block reading their keys before the PDL wait (the caches ready) give
+    the bits of the default order; any other split count or caches not ready run the default
+    order."""
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, fmt)
     m = layer.dims.model
     cos, sin = rope_tables(m, layer.layer_id)
@@ -157,16 +165,12 @@ def test_early_keys_give_the_same_bits(fmt, monkeypatch):
         )  # fmt: skip
 
     default = run(blocks, False)
-    monkeypatch.setenv("DSV41_ATTN_EARLY", "1")
     for got, want in zip(run(blocks, True), default):
         assert torch.equal(got, want)
     _assert_matches(_run(layer, sc, q_fused, splits=blocks),
                     (*_fused(seams.xo, m.heads_per_group), seams.lse))  # fmt: skip
     for got, want in zip(run(2, True), run(2, False)):  # two blocks a split: not early
         assert torch.equal(got, want)
-    monkeypatch.setenv("DSV41_ATTN_EARLY", "yes")
-    with pytest.raises(ValueError, match="DSV41_ATTN_EARLY: expected 0 or 1, got 'yes'"):
-        run(blocks, True)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -188,26 +192,23 @@ def test_empty_row_and_out_of_range_entries(fmt):
     assert torch.isneginf(got[2][1]).all()
 
 
-@pytest.mark.parametrize("heads", ["1", "16"])
-def test_combine_heads_a_program(heads, monkeypatch):
-    """``DSV41_COMBINE_HEADS``: combine programs of 1 or 16 heads (4 by default) give the
-    reference, in both combine orders; other values are refused."""
-    monkeypatch.delenv("DSV41_COMBINE_HEADS", raising=False)
-    assert combine_heads() == 4 and combine_programs(4) == 64
-    monkeypatch.setenv("DSV41_COMBINE_HEADS", heads)
+@pytest.mark.parametrize("heads", [1, 16])
+def test_combine_heads_a_program(heads):
+    """``AttentionTuning.combine_heads``: combine programs of 1 or 16 heads (4 by default) give
+    the reference, in both combine orders; other values are refused."""
+    assert attention_tuning(1, 16, 640, 132).combine_heads == 4 and combine_programs(4) == 64
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, "fp8_ds_mla")
     want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
-    for wide in ("0", "1"):
-        monkeypatch.setenv("DSV41_COMBINE_WIDE", wide)
-        _assert_matches(_run(layer, sc, q_fused, splits=3), want)
-    monkeypatch.setenv("DSV41_COMBINE_HEADS", "3")
-    with pytest.raises(ValueError, match="DSV41_COMBINE_HEADS: expected 1, 2, 4, 8 or 16, got '3'"):
-        combine_heads()
+    for wide in (False, True):
+        _assert_matches(_run(layer, sc, q_fused, splits=3, combine_heads=heads,
+                             combine_wide=wide), want)  # fmt: skip
+    with pytest.raises(ValueError, match="AttentionTuning.combine_heads: expected 1, 2, 4, 8 or 16"):
+        dataclasses.replace(attention_tuning(1, 16, 640, 132), combine_heads=3)
 
 
-@pytest.mark.parametrize("wide,splits", [("0", 3), ("1", 3), ("1", 4)])
-def test_combine_split_by_split_or_all_at_once(wide, splits, monkeypatch):
-    """Both combine orders (``DSV41_COMBINE_WIDE``: split by split, or every split's partials
+@pytest.mark.parametrize("wide,splits", [(False, 3), (True, 3), (True, 4)])
+def test_combine_split_by_split_or_all_at_once(wide, splits):
+    """Both combine orders (``AttentionTuning.combine_wide``: split by split, or every split's partials
     in one load) give the reference, with a row of no keys (zeros, lse -inf) and split counts
     of no power of two (all at once: read as a power of two and the rest) and of one; by
     default all at once from ``COMBINE_WIDE_SPLITS`` splits on."""
@@ -215,19 +216,13 @@ def test_combine_split_by_split_or_all_at_once(wide, splits, monkeypatch):
     assert split_pieces(32) == {"SPLIT_HEAD": 32, "SPLIT_TAIL": 0}
     assert split_pieces(7) == {"SPLIT_HEAD": 4, "SPLIT_TAIL": 4}  # one padded row
     assert split_pieces(1) == {"SPLIT_HEAD": 1, "SPLIT_TAIL": 0}
-    monkeypatch.delenv("DSV41_COMBINE_WIDE", raising=False)
     assert combine_wide(COMBINE_WIDE_SPLITS) and not combine_wide(COMBINE_WIDE_SPLITS - 1)
-    monkeypatch.setenv("DSV41_COMBINE_WIDE", wide)
-    assert combine_wide(3) == (wide == "1")
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_mx")
     table = sc.key_table.clone()
     table[2] = NONE
-    got = _run(layer, sc, q_fused, key_table=table, splits=splits)
+    got = _run(layer, sc, q_fused, key_table=table, splits=splits, combine_wide=wide)
     _assert_matches(got, _expected(layer, sc, seams, table, layer.attn_sink))
     assert torch.equal(got[0][2], torch.zeros_like(got[0][2])) and torch.isneginf(got[2][2]).all()
-    monkeypatch.setenv("DSV41_COMBINE_WIDE", "2")
-    with pytest.raises(ValueError, match="DSV41_COMBINE_WIDE: expected 0 or 1, got '2'"):
-        combine_wide(40)
 
 
 def test_infinite_sink_zeroes_heads():
@@ -297,18 +292,17 @@ def test_rows_aligned_needs_aligned_bases_and_even_ds_mla_pages() -> None:
 
 
 @pytest.mark.parametrize("heads", [16, 32])
-def test_splits_fill_the_gpu_in_whole_key_blocks(heads, monkeypatch) -> None:
+def test_splits_fill_the_gpu_in_whole_key_blocks(heads) -> None:
     """The flash geometry's 640 keys on 132 SMs: each token bucket's splits cover the keys in
     whole blocks, at most the programs a SM wanted (or one split a block), with the fewest keys
-    a split that allows: one block less a split would need more splits than wanted. The
-    switch overrides the programs a SM and is checked."""
-    monkeypatch.delenv("DSV41_ATTN_PROGRAMS_PER_SM", raising=False)
+    a split that allows: one block less a split would need more splits than wanted. Another
+    count of programs a SM can be asked for."""
     keys, sms, blocks = 640, 132, 640 // KEY_BLOCK
 
-    def check(tokens: int, per_sm: int) -> int:
+    def check(tokens: int, per_sm: int, forced: int | None = None) -> int:
         tiles = tokens * heads // 16
         wanted = min(blocks, -(-per_sm * sms // tiles))
-        splits, per_split = attention_splits(tokens, heads, keys, sms)
+        splits, per_split = attention_splits(tokens, heads, keys, sms, forced)
         assert per_split % KEY_BLOCK == 0 and (splits - 1) * per_split < keys <= splits * per_split
         assert splits <= wanted, (tokens, splits, wanted)
         assert per_split == KEY_BLOCK or -(-keys // (per_split - KEY_BLOCK)) > wanted, tokens
@@ -320,30 +314,18 @@ def test_splits_fill_the_gpu_in_whole_key_blocks(heads, monkeypatch) -> None:
     got = [check(t, next(p for most, p in tiers if t * heads // 16 <= most))
            for t in (1, 2, 4, 8, 16, 32, 48)]  # fmt: skip
     assert got[0] == blocks, got
-    monkeypatch.setenv("DSV41_ATTN_PROGRAMS_PER_SM", "4")
-    assert check(16, 4) > got[4]
-    monkeypatch.setenv("DSV41_ATTN_PROGRAMS_PER_SM", "0")
-    with pytest.raises(ValueError, match="DSV41_ATTN_PROGRAMS_PER_SM: expected 1 .. 16, got '0'"):
-        attention_splits(1, heads, keys, sms)
+    assert check(16, 4, forced=4) > got[4]
 
 
-def test_record_prefetch_switch(monkeypatch) -> None:
-    """The L2 prefetch of a split's records is inline PTX: off under the interpreter and on ROCm
-    whatever ``DSV41_ATTN_PREFETCH`` says, on by default on an NVIDIA GPU, and a bad value is
-    refused either way (the GPU test checks that it changes no bit)."""
-    monkeypatch.delenv("DSV41_ATTN_PREFETCH", raising=False)
+def test_record_prefetch_needs_inline_ptx(monkeypatch) -> None:
+    """The L2 prefetch of a split's records is inline PTX: off under the interpreter and on ROCm,
+    on on an NVIDIA GPU (the GPU test checks that it changes no bit)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not prefetch_records()
     with targeting(parse_target("sm90")):
         assert prefetch_records()
-        monkeypatch.setenv("DSV41_ATTN_PREFETCH", "0")
-        assert not prefetch_records()
-    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "1")
     with targeting(parse_target("gfx950")):
         assert not prefetch_records()
-    monkeypatch.setenv("DSV41_ATTN_PREFETCH", "on")
-    with pytest.raises(ValueError, match="DSV41_ATTN_PREFETCH: expected 0 or 1, got 'on'"):
-        prefetch_records()
 
 
 # The attention kernel compiled for SM90 in a script (``ptx_facts``): the real geometry's
@@ -409,17 +391,14 @@ def test_trace_reads_both_clocks_on_sm90():
 
 
 @pytest.mark.parametrize("segments", [1, 2, 8])
-def test_score_dot_in_segments_matches_the_reference(segments, monkeypatch) -> None:
-    """The score dot cut into segments of the 512 dims (``DSV41_ATTN_QK_SPLIT``; by default 4 up
-    to 16 (token, head tile) pairs, 1 above, as measured), split keys and one split: the
+def test_score_dot_in_segments_matches_the_reference(segments) -> None:
+    """The score dot cut into segments of the 512 dims (``AttentionTuning.qk_split``; by default
+    4 up to 16 (token, head tile) pairs, 1 above, as measured), split keys and one split: the
     reference's seams; a count other than 1, 2, 4 or 8 is refused."""
-    monkeypatch.delenv("DSV41_ATTN_QK_SPLIT", raising=False)
     assert [score_segments(t) for t in (1, 16, 17, 96)] == [4, 4, 1, 1]
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_ds_mla")
     want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
-    monkeypatch.setenv("DSV41_ATTN_QK_SPLIT", str(segments))
     for splits in (1, 3):
-        _assert_matches(_run(layer, sc, q_fused, splits=splits), want)
-    monkeypatch.setenv("DSV41_ATTN_QK_SPLIT", "3")
-    with pytest.raises(ValueError, match="DSV41_ATTN_QK_SPLIT: expected 1, 2, 4 or 8, got '3'"):
-        _run(layer, sc, q_fused, splits=1)
+        _assert_matches(_run(layer, sc, q_fused, splits=splits, qk_split=segments), want)
+    with pytest.raises(ValueError, match="AttentionTuning.qk_split: expected 1, 2, 4 or 8"):
+        _run(layer, sc, q_fused, splits=1, qk_split=3)

@@ -386,7 +386,7 @@ def _gemv(
 
     A K block is multiplied on tensor cores (both operands dequantized, TB token
     rows), or with ``CORES`` on CUDA cores (TB is then the next power of two >= S,
-    ``plan.gemv_on_cores``): each MX block's 32 products with a token row's
+    ``Tuning.gemv_cores``): each MX block's 32 products with a token row's
     dequantized values summed in fp32, times the weight's scale, the blocks summed
     in fp32. With one token its activation block is loaded one block ahead, and each
     MX block's sum is added to its own lane across the K blocks; the lanes are summed

@@ -514,6 +514,12 @@ def combine_wide(splits: int) -> bool:
     return splits >= COMBINE_WIDE_SPLITS
 
 
+def prefetch_records() -> bool:
+    """Whether a split of several key blocks may ask the L2 for its records before its loop:
+    where the platform has inline PTX (not on ROCm, nor under the interpreter, which has no L2)."""
+    return current_platform().ptx
+
+
 def score_segments(tiles: int) -> int:
     """Segments of the 512 dims the score dot is cut into (``_scores_tl``) for ``tiles`` (token,
     head tile) pairs: ``QK_SEGMENTS`` up to ``QK_SEGMENTS_TILES`` pairs and 1 above."""
@@ -734,7 +740,7 @@ def mega_attention(
         WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
-        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and current_platform().ptx,
+        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
