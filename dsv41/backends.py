@@ -1,5 +1,5 @@
 """The backends in one registry: name -> step, forward, launch, limits; and the selection a
-layer makes at init (SPEC §6).
+layer makes at init (docs/design.md §6.3).
 
 Every callable has the signature ``f(layer, inputs: StepInputs)``. ``step`` checks its
 inputs and returns every seam (a dict); ``forward`` is the server path (y only, inputs
