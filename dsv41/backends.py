@@ -1,5 +1,5 @@
 """The backends in one registry: name -> step, forward, launch, limits; and the selection a
-layer makes at init (SPEC §6).
+layer makes at init (docs/design.md §6.3).
 
 Every callable has the signature ``f(layer, inputs: StepInputs)``. ``step`` checks its
 inputs and returns every seam (a dict); ``forward`` is the server path (y only, inputs
@@ -36,6 +36,7 @@ ROCM_MONO_ARCHS = ("gfx942", "gfx950")  # MI300 / MI355: where mono was designed
 
 StepFn = Callable[[LayerWeights, StepInputs], dict]
 ForwardFn = Callable[[LayerWeights, StepInputs], torch.Tensor]
+WarmupFn = Callable[[LayerWeights, int], dict]  # (layer, max_tokens) -> seconds per variant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Backend:
     forward: ForwardFn  # server path: y, no checks, no host sync
     launch: ForwardFn  # enqueue y only, graph-capturable (the bench's)
     limits: Limits
+    warmup: WarmupFn  # compiles every kernel variant a step of up to max_tokens dispatches
 
 
 def limits(name: str) -> Limits:
@@ -87,12 +89,15 @@ def get(name: str) -> Backend:
     _check_name(name)
     if name == "nvidia":
         from dsv41.nvidia.step import nvidia_forward, nvidia_step
+        from dsv41.nvidia.warmup import warmup_up_to
 
-        return Backend(name, nvidia_step, nvidia_forward, nvidia_forward, LIMITS[name])
+        return Backend(name, nvidia_step, nvidia_forward, nvidia_forward, LIMITS[name],
+                       warmup_up_to)  # fmt: skip
     if name == "mono":
         from dsv41.amd.mono.launcher import mono_forward, mono_launch, mono_step
+        from dsv41.amd.mono.warmup import warmup
 
-        return Backend(name, mono_step, mono_forward, mono_launch, LIMITS[name])
+        return Backend(name, mono_step, mono_forward, mono_launch, LIMITS[name], warmup)
     from dsv41.common.reference import reference_step
 
     def step(layer: LayerWeights, inputs: StepInputs) -> dict:
@@ -101,7 +106,10 @@ def get(name: str) -> Backend:
     def forward(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
         return reference_step(layer, inputs).y
 
-    return Backend(name, step, forward, forward, LIMITS[name])
+    def warmup(layer: LayerWeights, max_tokens: int) -> dict:  # nothing to compile
+        return {}
+
+    return Backend(name, step, forward, forward, LIMITS[name], warmup)
 
 
 def _check_name(name: str) -> None:

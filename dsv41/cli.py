@@ -99,6 +99,11 @@ def cmd_parity(args) -> int:
 
         deploy = load_deploy_config(args.deploy)
         args.config, args.tp, args.record_format = deploy.model, deploy.tp, deploy.record_format
+        if args.tokens > deploy.max_tokens:
+            raise ValueError(f"--tokens: expected at most the deployment's max_tokens "
+                             f"{deploy.max_tokens}, got {args.tokens}")  # fmt: skip
+        if deploy.backend != "auto" and not args.backends:
+            args.backends = deploy.backend if deploy.backend != "reference" else None
     if args.checkpoint:
         from dsv41.common.checkpoint import checkpoint_model
 
@@ -183,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rank", type=int, default=0)
     sp.add_argument("--layer", type=int, default=1, help="layer id (decides RoPE and top-k)")
     sp.add_argument("--record-format", default="fp8_ds_mla", choices=["fp8_ds_mla", "fp8_mx"])
-    sp.add_argument("--deploy", help="deployment config (configs/deploy/NAME.yaml): sets config, tp, record format")
+    sp.add_argument("--deploy", help="deployment config (configs/deploy/NAME.yaml): sets config, tp, record "
+                    "format and the backend compared (unless --backends); --tokens at most its max_tokens")
     sp.add_argument("--checkpoint", help="checkpoint or downloaded model directory (default: synthetic "
                     "weights); its config.json is the model unless --config is given")
     sp.add_argument("--backends", help="comma-separated kernel backends to compare (default: all available)")

@@ -21,7 +21,7 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.platform import Platform, detect_platform
 from dsv41.common.step_inputs import StepInputs, check_step_inputs
 from dsv41.common.weights import LayerWeights
-from dsv41.config import ModelConfig, load_model_config
+from dsv41.config import DeployConfig, ModelConfig, load_deploy_config, load_model_config
 
 log = logging.getLogger("dsv41")
 
@@ -50,7 +50,10 @@ class DSV41Attention(nn.Module):
         max_tokens: int = DEFAULT_MAX_TOKENS,
         device: torch.device | str | None = None,
         platform: Platform | None = None,
+        warmup: bool = False,
     ):
+        """``max_tokens``: the most tokens a step will have (the backend is chosen for it and
+        ``warmup`` compiles up to it); ``warmup=True``: ``self.warmup()`` before returning."""
         super().__init__()
         cfg = model if isinstance(model, ModelConfig) else load_model_config(model)
         cfg.checkpoint_prefix(layer_id)  # refuses a layer id the model does not have
@@ -67,6 +70,24 @@ class DSV41Attention(nn.Module):
         self._large_forward = backends.get("nvidia").forward if self._forward_limit else None
         log.info("dsv41: layer %d rank %d/%d: backend %s (%s); %s", layer_id, rank, tp, self.backend,
                  self.reason, self.platform.features)
+        if warmup:
+            self.warmup()
+
+    @classmethod
+    def from_deploy(cls, deploy: DeployConfig | str, rank: int, layer_id: int,
+                    **kwargs) -> DSV41Attention:  # fmt: skip
+        """The layer of a deployment config (a ``DeployConfig`` or its name / path): its model,
+        tp share, backend and max tokens a step; ``kwargs`` as ``__init__`` takes them."""
+        d = deploy if isinstance(deploy, DeployConfig) else load_deploy_config(deploy)
+        return cls(d.model, d.tp, rank, layer_id, d.backend, max_tokens=d.max_tokens, **kwargs)
+
+    def warmup(self) -> dict[tuple[str, int], float]:
+        """Compile every kernel variant a step of up to ``max_tokens`` tokens dispatches (the
+        nvidia backend: each token bucket up to ``bucket_for(max_tokens)``; mono: each distinct
+        variant of its token counts) by running one step of each on random inputs; seconds per
+        (entry point, tokens). The reference compiles nothing. Call it before serving (or
+        capturing a CUDA graph), so no step compiles a kernel."""
+        return backends.get(self.backend).warmup(self.weights, self.max_tokens)
 
     def load_weights(self, weights) -> set[str]:
         """Checkpoint ``(name, tensor)`` pairs of this layer, through the permuting loaders."""

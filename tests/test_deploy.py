@@ -27,3 +27,12 @@ def test_a_bad_field_is_named(tmp_path):
         load_deploy_config(bad)
     with pytest.raises(ConfigError, match="deploy config 'b300-tp4': no file .* known names"):
         load_deploy_config("b300-tp4")
+
+
+def test_parity_takes_the_deployment_backend_and_token_limit(capsys):
+    """``dsv41 parity --deploy``: the deployment's backend against the reference, and no more
+    tokens than its max_tokens."""
+    from dsv41 import cli
+
+    assert cli.main(["parity", "--deploy", "mi355-tp2", "--config", "tiny", "--tokens", "49"]) == 2
+    assert "--tokens: expected at most the deployment's max_tokens 48, got 49" in capsys.readouterr().err

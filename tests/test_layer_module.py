@@ -78,3 +78,32 @@ def test_forward_checks_the_arguments_once(monkeypatch):
         dsv41.nvidia.step.nvidia_step(layer.weights,
                                       dataclasses.replace(sc, positions=sc.positions[:1]))
     assert len(calls) == 2
+
+
+def test_mono_warmup_variants():
+    """Mono compiles one kernel a distinct variant: CUDA cores with pairs at 1 token, 2 token
+    rows at 2, 4 rows at 3 and 4, tensor cores from 5 (16 rows up to 16 tokens)."""
+    from dsv41.amd.mono.warmup import variants
+
+    lw = DSV41Attention("tiny", 2, 0, 1, backend="mono").weights
+    assert variants(lw, 5) == variants(lw, 16) == [1, 2, 3, 5]
+    with pytest.raises(ValueError, match="max_tokens: expected 1 .. 48, got 49"):
+        variants(lw, 49)
+
+
+@pytest.mark.slow
+def test_warmup_compiles_each_bucket_up_to_max_tokens():
+    """nvidia at max_tokens 2: the step (and an o_proj entry point) of buckets 1 and 2; mono at
+    max_tokens 2: one step of each of its two variants; the reference: nothing."""
+    layer = DSV41Attention("tiny", 2, 0, 1, backend="nvidia", max_tokens=2)
+    assert {b for _, b in layer.warmup()} == {1, 2}
+    mono = DSV41Attention("tiny", 2, 0, 1, backend="mono", max_tokens=2, warmup=True)
+    assert set(mono.warmup()) == {("mono", 1), ("mono", 2)}
+    assert DSV41Attention("tiny", 2, 0, 1, backend="reference", warmup=True).warmup() == {}
+
+
+def test_a_deployment_builds_its_layer():
+    """A deploy config's model, tp, backend and max tokens go to the layer."""
+    layer = DSV41Attention.from_deploy("mi355-tp2", 1, 1, device="cpu")
+    assert (layer.dims.model.name, layer.dims.tp, layer.backend, layer.max_tokens) == (
+        "dsv41-flash", 2, "mono", 48)  # fmt: skip

@@ -75,9 +75,10 @@ def permute(t: torch.Tensor, perm: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def permute_q_to_fused(q: torch.Tensor) -> torch.Tensor:
-    """``q [..., H, D]`` standard -> ``[..., H * D]`` fused: ``fused = standard.flatten()[q_perm]``."""
+    """``q [..., H, D]`` standard -> fused, the input's shape: ``fused.flatten(-2) =
+    standard.flatten(-2)[..., q_perm]`` (a new tensor, as vLLM's function of this name)."""
     h, d = q.shape[-2:]
-    return permute(q.reshape(*q.shape[:-2], h * d), q_fused_permutation(h, d), -1)
+    return permute(q.reshape(*q.shape[:-2], h * d), q_fused_permutation(h, d), -1).view(q.shape)
 
 
 def permute_q_from_fused(q: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
@@ -87,13 +88,14 @@ def permute_q_from_fused(q: torch.Tensor, num_heads: int, head_dim: int) -> torc
 
 
 def permute_o_to_fused(o: torch.Tensor, heads_per_group: int) -> torch.Tensor:
-    """``o [..., H, D]`` standard -> ``[..., H * D]`` fused, the O permutation applied per group."""
+    """``o [..., H, D]`` standard -> fused, the input's shape: the O permutation applied per
+    group of ``heads_per_group`` heads (a new tensor, as vLLM's function of this name)."""
     h, d = o.shape[-2:]
     if h % heads_per_group:
         raise ValueError(f"o: expected heads a multiple of {heads_per_group}, got {h}")
     groups = o.reshape(*o.shape[:-2], h // heads_per_group, heads_per_group * d)
     fused = permute(groups, o_fused_permutation(heads_per_group, d), -1)
-    return fused.reshape(*o.shape[:-2], h * d)
+    return fused.reshape(o.shape)
 
 
 def permute_o_from_fused(o: torch.Tensor, num_heads: int, heads_per_group: int) -> torch.Tensor:

@@ -104,7 +104,7 @@ def reference_step(layer: LayerWeights, inputs: StepInputs) -> Seams:
     o = apply_inverse_rope(o, positions, cos, sin, m.nope_dim).to(torch.bfloat16)
 
     xo = mxfp8_quantize(o)  # standard layout, 32 values of one head per code
-    xo_fused = permute_o_to_fused(mxfp8_dequantize(*xo), m.heads_per_group)
+    xo_fused = permute_o_to_fused(mxfp8_dequantize(*xo), m.heads_per_group).flatten(-2)
     z = wo_a_grouped(layer, xo_fused)
     z8 = mxfp8_quantize(z.reshape(n_tok, dims.o_rows))
     y = mx_linear(z8, layer.wo_b, layer.wo_b_scale)

@@ -20,7 +20,7 @@ import torch
 
 from dsv41.common.scenario import Scenario, make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.launch import M_BUCKETS
+from dsv41.nvidia.ops.launch import M_BUCKETS, bucket_for
 from dsv41.nvidia.ops.mx_gemm import mx_gemm, scratch_for
 from dsv41.nvidia.ops.o_proj import can_fuse_wo_a, wo_a_from_o
 from dsv41.nvidia.step import nvidia_step
@@ -92,3 +92,10 @@ def warmup(
                     torch.cuda.synchronize(device)
                 seconds[(variant.name, m)] = time.perf_counter() - start
     return seconds
+
+
+def warmup_up_to(layer: LayerWeights, max_tokens: int) -> dict[tuple[str, int], float]:
+    """``warmup`` of every bucket a step of up to ``max_tokens`` tokens dispatches (those up to
+    ``bucket_for(max_tokens)``), in the device's record format."""
+    last = bucket_for(max_tokens)
+    return warmup(layer, [b for b in M_BUCKETS if b <= last])

@@ -101,7 +101,8 @@ def test_task_tables_cover_each_unit_once(tp: int) -> None:
     ]
     assert coords("woa") == [(b, k) for b in range(plan.woa_blocks) for k in range(plan.woa_parts)]
     # wq_b task i writes fused rows 16 i ..: exactly chunk i // heads of head i % heads.
-    fused = permute_q_to_fused(torch.arange(d.q_rows).view(d.heads, d.model.head_dim))
+    standard = torch.arange(d.q_rows).view(d.heads, d.model.head_dim)
+    fused = permute_q_to_fused(standard).flatten(-2)
     for i, (c, h) in enumerate(coords("wqb")):
         first = h * d.model.head_dim + 16 * c
         assert fused[16 * i : 16 * i + 16].tolist() == list(range(first, first + 16))

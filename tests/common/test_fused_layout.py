@@ -77,9 +77,23 @@ def test_inverses_undo() -> None:
         n = perm.numel()
         assert torch.equal(perm[inv], torch.arange(n)) and torch.equal(inv[perm], torch.arange(n))
     q = torch.randn(3, 16, D, generator=gen)
-    assert torch.equal(permute_q_from_fused(permute_q_to_fused(q), 16, D), q)
+    assert torch.equal(permute_q_from_fused(permute_q_to_fused(q).flatten(-2), 16, D), q)
     o = torch.randn(3, 16, D, generator=gen)
-    assert torch.equal(permute_o_from_fused(permute_o_to_fused(o, G), 16, G), o)
+    assert torch.equal(permute_o_from_fused(permute_o_to_fused(o, G).flatten(-2), 16, G), o)
+
+
+def test_to_fused_keeps_the_input_shape_and_the_input() -> None:
+    """As vLLM's functions of these names: ``[N, H, D]`` in, ``[N, H, D]`` out, a new tensor
+    (the input untouched), holding the fused order of ``H * D``."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 16, D, generator=gen)
+    before = x.clone()
+    for fused, perm in ((permute_q_to_fused(x), q_fused_permutation(16, D)),
+                        (permute_o_to_fused(x, G),
+                         torch.cat([g * G * D + o_fused_permutation(G, D) for g in range(2)]))):
+        assert fused.shape == x.shape and fused.data_ptr() != x.data_ptr()
+        assert torch.equal(fused.flatten(-2), x.flatten(-2)[:, perm])
+    assert torch.equal(x, before)
 
 
 def test_wq_b_gemm_emits_fused_q() -> None:
@@ -89,7 +103,8 @@ def test_wq_b_gemm_emits_fused_q() -> None:
     x = torch.randn(m, k, generator=gen, dtype=torch.float64)
     fused = x @ w[q_fused_permutation(heads, D)].T
     plain = (x @ w.T).view(m, heads, D)
-    torch.testing.assert_close(fused, permute_q_to_fused(plain), rtol=1e-12, atol=1e-12)
+    want = permute_q_to_fused(plain).flatten(-2)
+    torch.testing.assert_close(fused, want, rtol=1e-12, atol=1e-12)
     # Element by element: fused column (c, h, j) is head h, dim c * 16 + j.
     f = fused.view(m, D // 16, heads, 16)
     torch.testing.assert_close(f[:, 5, 3, 7], plain[:, 3, 5 * 16 + 7], rtol=1e-12, atol=1e-12)

@@ -61,7 +61,7 @@ def _check_against_reference(layer, seams, got):
     values, std_codes = seams.xo
     n, h, c = std_codes.shape
     want_codes = std_codes.view(n, h // g, g, c).transpose(2, 3).reshape(n, h * c)
-    want_xo = permute_o_to_fused(mxfp8_dequantize(values, std_codes), g)
+    want_xo = permute_o_to_fused(mxfp8_dequantize(values, std_codes), g).flatten(-2)
     got_xo = mxfp8_dequantize(xo, codes)
     assert torch.isfinite(got_xo).all()
     rel = ((got_xo - want_xo).norm() / want_xo.norm()).item()

@@ -44,7 +44,7 @@ def rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def fused_codes(codes: torch.Tensor, heads_per_group: int) -> torch.Tensor:
     """Standard xo codes [M, heads, 16] -> the fused chunk order [M, heads * 16]."""
-    return permute_o_to_fused(codes.repeat_interleave(32, -1), heads_per_group)[:, ::32]
+    return permute_o_to_fused(codes.repeat_interleave(32, -1), heads_per_group).flatten(-2)[:, ::32]
 
 
 def test_step_matches_reference(layer):
@@ -87,7 +87,7 @@ def test_o_proj_matches_reference(layer, m):
     positions = torch.randint(0, model.max_position, (m,), generator=gen, device=DEVICE)
     cos, sin = rope_tables(model, LAYER_ID, DEVICE)
     xo = mxfp8_quantize(apply_inverse_rope(o, positions, cos, sin, model.nope_dim))
-    a = permute_o_to_fused(mxfp8_dequantize(*xo), model.heads_per_group)
+    a = permute_o_to_fused(mxfp8_dequantize(*xo), model.heads_per_group).flatten(-2)
     z = wo_a_grouped(layer, a).reshape(m, dims.o_rows)
     want = mx_linear(mxfp8_quantize(z), layer.wo_b, layer.wo_b_scale)
     assert rel(o_proj(layer, o, positions), want) <= 1e-2

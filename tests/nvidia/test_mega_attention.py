@@ -63,7 +63,7 @@ def _fused(xo: tuple[torch.Tensor, torch.Tensor], g: int) -> tuple[torch.Tensor,
     values, codes = xo
     m, h, c = codes.shape
     fused_codes = codes.view(m, h // g, g, c).transpose(2, 3).reshape(m, h * c)
-    return permute_o_to_fused(mxfp8_dequantize(values, codes), g), fused_codes
+    return permute_o_to_fused(mxfp8_dequantize(values, codes), g).flatten(-2), fused_codes
 
 
 def _expected(layer, sc, seams, key_table, sink):

@@ -38,7 +38,7 @@ def reference(layer: LayerWeights, o: torch.Tensor, positions: torch.Tensor):
     m = o.shape[0]
     cos, sin = rope_tables(model, layer.layer_id)
     xo = mxfp8_quantize(apply_inverse_rope(o, positions, cos, sin, model.nope_dim))
-    a = permute_o_to_fused(mxfp8_dequantize(*xo), model.heads_per_group)
+    a = permute_o_to_fused(mxfp8_dequantize(*xo), model.heads_per_group).flatten(-2)
     z = wo_a_grouped(layer, a).reshape(m, dims.o_rows)
     return xo, z, mx_linear(mxfp8_quantize(z), layer.wo_b, layer.wo_b_scale)
 
@@ -75,10 +75,9 @@ def test_o_cast_is_the_fused_xo(layer):
     values, codes = o_cast(
         o, positions, cos, sin, nope=model.nope_dim, heads_per_group=model.heads_per_group
     )
-    want = permute_o_to_fused(xo_std[0].view(torch.uint8), model.heads_per_group)
-    want_codes = permute_o_to_fused(xo_std[1].repeat_interleave(32, dim=-1), model.heads_per_group)[
-        :, ::32
-    ]
+    want = permute_o_to_fused(xo_std[0].view(torch.uint8), model.heads_per_group).flatten(-2)
+    codes32 = xo_std[1].repeat_interleave(32, dim=-1)
+    want_codes = permute_o_to_fused(codes32, model.heads_per_group).flatten(-2)[:, ::32]
     assert torch.equal(codes, want_codes)
     got_v, want_v = values.float(), want.view(values.dtype).float()
     assert ((got_v - want_v).abs() <= 2.0**-3 * want_v.abs()).all()

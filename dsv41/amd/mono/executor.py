@@ -193,7 +193,7 @@ class ScheduleExecutor:
         # The whole heads are computed; the task writes its part's 32-dim chunks c0 .. c1, which
         # in the fused O layout are one run of every group: columns (c * 8 + h) * 32 + j.
         g, groups = m.heads_per_group, len(heads) // m.heads_per_group
-        fused = permute_o_to_fused(values[None], g)[0].view(groups, -1)
+        fused = permute_o_to_fused(values, g).view(groups, -1)
         fused_codes = codes.view(groups, g, -1).transpose(1, 2).reshape(groups, -1)
         c0 = part * (m.head_dim // COMBINE_PARTS) // O_CHUNK
         c1 = (part + 1) * (m.head_dim // COMBINE_PARTS) // O_CHUNK
