@@ -69,3 +69,26 @@ def test_the_selection_log_line_names_the_features(rocm_torch, caplog):
     with caplog.at_level(logging.INFO, logger="dsv41"):
         DSV41Attention("tiny", 2, 0, 1, device="cpu", platform=Platform("cuda", "sm90"))
     assert "backend nvidia" in caplog.text and "PDL on, inline PTX on" in caplog.text
+
+
+def test_rocm_mma_gemms_step_k_by_128_at_most():
+    """On ROCm the MMA GEMM loop's K step is at most ``ROCM_BLOCK_K_MAX`` (256 spilled on gfx942
+    at 32-row tiles); on NVIDIA the tiles stay what the H200 measured best, for every shape of a
+    tp 1 step at the MMA buckets."""
+    from dsv41.common.geometry import Dims
+    from dsv41.nvidia.ops.mx_gemm import BLOCK_K_MAX, ROCM_BLOCK_K_MAX, gemm_config
+    from dsv41.nvidia.tuning import gemm_shapes
+
+    narrower = []
+    for m in (32, 48, 128):
+        for name, (n, k, npg, _) in gemm_shapes(Dims.of("dsv41-flash", 1)).items():
+            args = dict(n_per_group=npg or n, quant_out=name == "wq_b", sms=304)
+            with targeting(parse_target("gfx942")):
+                amd = gemm_config(m, n, k, **args)
+            with targeting(parse_target("sm90")):
+                nv = gemm_config(m, n, k, **args, block_k_max=BLOCK_K_MAX)
+            assert amd.block_k <= ROCM_BLOCK_K_MAX < BLOCK_K_MAX, (name, m, amd)
+            assert k % (amd.block_k * amd.split_k) == 0 and amd.block_m == nv.block_m, (name, amd)
+            assert nv == gemm_config(m, n, k, **args), (name, m)  # the machine here is no ROCm
+            narrower.append(amd.block_k < nv.block_k)
+    assert any(narrower)

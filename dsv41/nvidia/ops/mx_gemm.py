@@ -78,6 +78,10 @@ BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 # registers (256 spills at 32 tokens on SM90).
 MIN_BLOCK_K = 128  # below this a step's loads are too short to stream well
 O_PROLOGUE_BLOCK_K = 128
+# K columns a step of the MMA loop loads on ROCm: with 256, the 32-row tiles of gfx942 hold 256
+# VGPRs + 256 AGPRs a lane and spill (kernel_facts --target gfx942 --tp 1 --tokens 32: 12-14
+# VGPR, ~260 SGPR spills a GEMM); 128 spills nothing there.
+ROCM_BLOCK_K_MAX = 128
 # The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M; each program's first weight
 # tile is in flight before the PDL wait. Where whole rows of K fit GEMV_TILE_BYTES in at most
 # GEMV_MAX_STEPS unrolled K steps, a program takes whole rows: no split-K partials, ticket or
@@ -618,7 +622,8 @@ def gemm_config(
     """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
 
     Token buckets up to ``rules.max_m`` take the CUDA-core loop where ``gemv_ok``. A
-    function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves.
+    function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves;
+    on ROCm K steps are at most ``ROCM_BLOCK_K_MAX``.
     """
     m = bucket_for(m)
     if gemv_ok and m <= rules.max_m:
@@ -626,6 +631,8 @@ def gemm_config(
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
     block_n = 64 if n_per_group % 64 == 0 else 32
+    if current_platform().kind == "rocm":
+        block_k_max = min(block_k_max, ROCM_BLOCK_K_MAX)
     block_k = block_k_max  # the largest power of two <= block_k_max dividing K (K % 32 == 0)
     while k % block_k:
         block_k //= 2
