@@ -34,7 +34,8 @@ def test_init_refuses_an_impossible_request():
         DSV41Attention("tiny", 2, 0, 7)
 
 
-@pytest.mark.parametrize("backend", ["reference", "nvidia", "mono"])
+@pytest.mark.parametrize("backend", ["reference", pytest.param("nvidia", marks=pytest.mark.slow),
+                                     pytest.param("mono", marks=pytest.mark.slow)])
 def test_forward_equals_the_reference(backend):
     if backend == "mono":
         pytest.importorskip("dsv41.amd.mono.launcher")
@@ -54,6 +55,7 @@ def test_forward_rejects_a_wrong_x():
         layer(sc.x.float(), sc.positions, _metadata(sc))
 
 
+@pytest.mark.slow
 def test_forward_checks_the_arguments_once(monkeypatch):
     """The nvidia forward checks the step's arguments in forward, not again in nvidia_step,
     and nvidia_step called on its own still checks them."""

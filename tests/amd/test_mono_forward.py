@@ -9,6 +9,7 @@ from dsv41.amd.mono.launcher import MonoError, mono_forward, runner_for
 from dsv41.common.scenario import make_scenario
 
 
+@pytest.mark.slow
 def test_forward_equals_the_step_and_reports_a_timeout_one_call_later(tiny_layer, run_reference):
     lw = tiny_layer(2, 1)
     sc = make_scenario(lw.dims, 1, 3, seed=21)

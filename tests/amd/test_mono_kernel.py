@@ -28,10 +28,12 @@ LONG_SUMS = ("z", "woap")
     # blocks on tensor cores, and on CUDA cores (Tuning.gemv_cores) at S = 1 and 7, at S = 1
     # and 3 (4 token rows, one dead) also on weights held as words (Tuning.gemv_words); wo_a
     # in 1, 2 and 4 K parts (Tuning.woa_parts)
-    [(4, 1, 1, 512, False, 4, False), (2, 2, 7, 256, False, 1, False),
-     (4, 0, 48, 256, False, 4, False), (4, 1, 1, 512, True, 4, False),
-     (2, 2, 7, 256, True, 2, False), (4, 1, 1, 512, True, 4, True), (2, 2, 1, 256, True, 2, True),
-     (4, 2, 3, 256, True, 2, True)],
+    [(4, 1, 1, 512, False, 4, False),
+     pytest.param(2, 2, 7, 256, False, 1, False, marks=pytest.mark.slow),
+     pytest.param(4, 0, 48, 256, False, 4, False, marks=pytest.mark.slow),
+     (4, 1, 1, 512, True, 4, False),
+     pytest.param(2, 2, 7, 256, True, 2, False, marks=pytest.mark.slow),
+     (4, 1, 1, 512, True, 4, True), (2, 2, 1, 256, True, 2, True), (4, 2, 3, 256, True, 2, True)],
 )
 def test_kernel_matches_executor_and_reference(
     tp: int, layer_id: int, tokens: int, hidden: int, cores: bool, woa_parts: int, words: bool,
@@ -55,7 +57,8 @@ def test_pairs_match_executor_and_reference(
     assert runner.plan.tiling["GEMV_PAIRS"] == pairs and runner.plan.tiling["GEMV_WORDS"]
 
 
-@pytest.mark.parametrize("tp, layer_id, tokens", [(4, 1, 7), (2, 0, 48)])
+@pytest.mark.parametrize("tp, layer_id, tokens",
+                         [(4, 1, 7), pytest.param(2, 0, 48, marks=pytest.mark.slow)])
 def test_mma_split_matches_executor_and_reference(
     tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference
 ) -> None:
@@ -66,7 +69,8 @@ def test_mma_split_matches_executor_and_reference(
     assert runner.plan.tiling["MMA_SPLIT"] == 4
 
 
-@pytest.mark.parametrize("tp, layer_id, tokens", [(4, 1, 1), (2, 2, 7)])
+@pytest.mark.parametrize("tp, layer_id, tokens",
+                         [(4, 1, 1), pytest.param(2, 2, 7, marks=pytest.mark.slow)])
 def test_key_slices_match_executor_and_reference(
     tp: int, layer_id: int, tokens: int, tiny_layer, run_mono, run_reference
 ) -> None:
@@ -77,6 +81,7 @@ def test_key_slices_match_executor_and_reference(
     assert (runner.plan.key_chunk, runner.plan.key_slice) == (32, 16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_two_head_tiles_match_executor_and_reference(tokens: int, tiny_layer, run_mono,
                                                      run_reference) -> None:  # fmt: skip

@@ -15,6 +15,7 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.scenario import make_scenario
 
 
+@pytest.mark.slow
 def test_consecutive_steps_across_epoch_wraparound(tiny_layer, run_mono, run_reference) -> None:
     """Two steps on one scratch, never cleared; the int32 epoch wraps between them."""
     lw = tiny_layer(4, 1)
@@ -66,6 +67,7 @@ def test_mono_step_validates(tiny_layer) -> None:
         Plan(lw.dims, 49)
 
 
+@pytest.mark.slow
 def test_layers_and_token_counts_share_one_scratch(tiny_layer, run_reference) -> None:
     """mono_step's runners of one geometry share a scratch: layers and token counts alternate
     on it, never cleared, and each step is right."""

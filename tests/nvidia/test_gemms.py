@@ -137,7 +137,7 @@ def test_wo_b(layer):
 
 @pytest.mark.parametrize("tail", [False, True])
 @pytest.mark.parametrize("m", [1, 5])
-@pytest.mark.parametrize("site", ["wqkv", "wq_b", "wo_a"])
+@pytest.mark.parametrize("site", ["wqkv", pytest.param("wq_b", marks=pytest.mark.slow), "wo_a"])
 def test_cuda_core_loop_matches_the_reference(layer, site, m, tail):
     """The GEMV loop (forced; at M = 5 rows past M in its 8-row bucket) against each seam:
     bf16 x cast in the prologue, MXFP8 qr8 (both as 2 unrolled K steps of one program, no
@@ -175,6 +175,7 @@ def test_cuda_core_loop_matches_the_reference(layer, site, m, tail):
     assert not scratch.tickets.any()
 
 
+@pytest.mark.slow
 def test_rmsnorm_prologue_matches_the_norm_kernel(layer):
     """wq_b on the Wqkv output (A_NORM; 3 tokens in a 4-row bucket): the same product as wq_b
     on norm_rope_insert's qr8, bit for bit, and within a bf16 step of the reference."""

@@ -147,6 +147,7 @@ def test_splits_agree(splits):
     _assert_matches(_run(layer, sc, q_fused, splits=splits), want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_early_keys_give_the_same_bits(fmt):
     """Splits of one key block reading their keys before the PDL wait (the caches ready) give
@@ -192,7 +193,7 @@ def test_empty_row_and_out_of_range_entries(fmt):
     assert torch.isneginf(got[2][1]).all()
 
 
-@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("heads", [pytest.param(1, marks=pytest.mark.slow), 16])
 def test_combine_heads_a_program(heads):
     """``AttentionTuning.combine_heads``: combine programs of 1 or 16 heads (4 by default) give
     the reference, in both combine orders; other values are refused."""
@@ -206,7 +207,8 @@ def test_combine_heads_a_program(heads):
         dataclasses.replace(attention_tuning(1, 16, 640, 132), combine_heads=3)
 
 
-@pytest.mark.parametrize("wide,splits", [(False, 3), (True, 3), (True, 4)])
+@pytest.mark.parametrize("wide,splits", [(False, 3), pytest.param(True, 3, marks=pytest.mark.slow),
+                                         pytest.param(True, 4, marks=pytest.mark.slow)])
 def test_combine_split_by_split_or_all_at_once(wide, splits):
     """Both combine orders (``AttentionTuning.combine_wide``: split by split, or every split's partials
     in one load) give the reference, with a row of no keys (zeros, lse -inf) and split counts
@@ -225,6 +227,7 @@ def test_combine_split_by_split_or_all_at_once(wide, splits):
     assert torch.equal(got[0][2], torch.zeros_like(got[0][2])) and torch.isneginf(got[2][2]).all()
 
 
+@pytest.mark.slow
 def test_infinite_sink_zeroes_heads():
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 5, "fp8_ds_mla")
     sink = layer.attn_sink.clone()
@@ -390,6 +393,7 @@ def test_trace_reads_both_clocks_on_sm90():
     assert got == {"timer": 7, "clock": 8, "clock_after_wait": 6}, got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("segments", [1, 2, 8])
 def test_score_dot_in_segments_matches_the_reference(segments) -> None:
     """The score dot cut into segments of the 512 dims (``AttentionTuning.qk_split``; by default

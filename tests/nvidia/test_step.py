@@ -73,8 +73,9 @@ def check_seams(layer, ref, got, ref_cache, got_cache) -> None:
 
 @pytest.mark.parametrize(
     "fmt,m",
-    [("fp8_ds_mla", 1), ("fp8_ds_mla", 2), ("fp8_ds_mla", 5), ("fp8_mx", 1), ("fp8_mx", 5),
-     ("fp8_mx", 48)],
+    [("fp8_ds_mla", 1), pytest.param("fp8_ds_mla", 2, marks=pytest.mark.slow), ("fp8_ds_mla", 5),
+     pytest.param("fp8_mx", 1, marks=pytest.mark.slow), ("fp8_mx", 5),
+     pytest.param("fp8_mx", 48, marks=pytest.mark.slow)],
 )
 def test_step_matches_reference(layer, fmt, m):
     """M = 1 and 2 take the CUDA-core GEMV loop (wq_b normalising qr itself; at M = 1 z cast
@@ -122,6 +123,7 @@ def test_none_and_out_of_cache_entries_are_no_key(layer, fmt):
     check_seams(layer, *run_both(layer, sc))
 
 
+@pytest.mark.slow
 def test_runner_writes_preallocated_buffers(layer):
     """The runner's eager step (what a graph captures) gives nvidia_step's seams in its buffers."""
     sc = make_scenario(layer.dims, LAYER_ID, 2, fmt="fp8_mx", seed=4)
@@ -138,6 +140,7 @@ def test_runner_writes_preallocated_buffers(layer):
                                                           dtype=torch.bfloat16)))
 
 
+@pytest.mark.slow
 def test_warmup_runs_each_entry_point_for_a_bucket(layer):
     seconds = warmup(layer, [2], fmt="fp8_mx")
     assert set(seconds) == {(v.name, 2) for v in REGISTRY if v.serves(layer, 2)}
