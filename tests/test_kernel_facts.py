@@ -142,3 +142,16 @@ def test_mono_launch_compiles_for_sm90(tmp_path):
     sass = (tmp_path / "asm" / "0_mono_kernel.sass").read_text()
     offsets = [int(o, 16) for o in re.findall(r"/\*([0-9a-f]{4,})\*/", sass)]
     assert offsets[-1] >= 0x10000 and row["sass"] == offsets[-1] // 16 + 1, (row, offsets[-1])
+
+
+def test_the_fallback_compiles_for_amd_at_every_tp_and_bucket():
+    """The full sweep (about 15 minutes here): tp 1, 2, 4, 8, the decode and two prefill
+    buckets in fp8_ds_mla, M = 1 and 48 in fp8_mx, gfx942 and gfx950: every launch compiles,
+    no NVIDIA-only construct, no VGPR spill."""
+    buckets = (1, 2, 4, 8, 16, 32, 48, 64, 128)
+    variants = [(t, "nvidia", tp, m, fmt) for t in AMD for tp in (1, 2, 4, 8)
+                for fmt in ("fp8_ds_mla", "fp8_mx") for m in buckets
+                if fmt == "fp8_ds_mla" or m in (1, 48)]  # fmt: skip
+    for v, rows in launch_facts(variants).items():
+        assert len(rows) == len(STEP_KERNELS), (v, rows)
+        _amd_clean(rows, v)
