@@ -56,7 +56,8 @@ def main() -> None:
         runner.check()
         scratch = runner.plan.new_scratch("cuda", epoch=3)
         y_exec = torch.empty_like(sc.x)
-        ScheduleExecutor(runner.plan, lw, runner.cos, runner.sin).run(scratch, sc.clone_caches(), y_exec)
+        executor = ScheduleExecutor(runner.plan, lw, runner.cos, runner.sin)
+        executor.run(scratch, sc.clone_caches(), y_exec)
         agree = region_agreement(runner.plan, runner.scratch, scratch)
         y_same = float((y == y_exec).float().mean())
         print(f"S = {s}, private scratch: y equal {y_same:.4f}; "

@@ -1,11 +1,12 @@
-"""The backends in one registry: name -> step, forward, launch, limits; and the selection a
-layer makes at init (docs/design.md §6.3).
+"""The backends in one registry: name -> step, forward, launch, limits, warm-up; and the
+selection a layer makes at init (docs/design.md §6.3).
 
-Every callable has the signature ``f(layer, inputs: StepInputs)``. ``step`` checks its
+Every step callable has the signature ``f(layer, inputs: StepInputs)``. ``step`` checks its
 inputs and returns every seam (a dict); ``forward`` is the server path (y only, inputs
 already checked, no host sync); ``launch`` enqueues y only and is graph-capturable (what
-``dsv41 bench`` times). ``limits(name)`` reads a backend's limits without importing its
-kernels; ``get(name)`` imports them.
+``dsv41 bench`` times); ``warmup(layer, max_tokens)`` compiles what such steps dispatch.
+``limits(name)`` reads a backend's limits without importing its kernels; ``get(name)``
+imports them.
 
 Selection: SM90 and the SM100 family -> ``nvidia``; ROCm gfx942 / gfx950 -> ``mono``
 where tp and the step's tokens are within mono's limits, else the nvidia-style Triton path;

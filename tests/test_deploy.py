@@ -35,4 +35,5 @@ def test_parity_takes_the_deployment_backend_and_token_limit(capsys):
     from dsv41 import cli
 
     assert cli.main(["parity", "--deploy", "mi355-tp2", "--config", "tiny", "--tokens", "49"]) == 2
-    assert "--tokens: expected at most the deployment's max_tokens 48, got 49" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--tokens: expected at most the deployment's max_tokens 48, got 49" in err

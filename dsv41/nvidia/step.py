@@ -275,7 +275,9 @@ class NvidiaStepRunner:
             raise RuntimeError("replay: nothing captured yet (call capture first)")
         if inputs is not None:
             if inputs.tokens != self.m:
-                raise ValueError(f"x: expected the captured M = {self.m} tokens, got {inputs.tokens}")
+                raise ValueError(
+                    f"x: expected the captured M = {self.m} tokens, got {inputs.tokens}"
+                )
             self.load(inputs)
         self.graph.replay()
         return self.outputs

@@ -26,7 +26,8 @@ GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
 
 
 def gemm_shapes(dims: Dims) -> dict[str, tuple[int, int, int | None, bool]]:
-    """Per GEMM site of a rank: ``(N, K, N per group or None, MXFP8 out)`` as ``mx_gemm`` runs it."""
+    """Per GEMM site of a rank: ``(N, K, N per group or None, MXFP8 out)`` as ``mx_gemm`` runs
+    it."""
     m = dims.model
     return {
         "wqkv": (m.qkv_rows, m.hidden, None, False),  # 1792 x 5120

@@ -255,7 +255,7 @@ def test_key_slice_and_chunk() -> None:
     at_most_chunk = Plan(dims, 1, tuning=resolve(dims, 1, key_slice=128))
     assert at_most_chunk.key_slice == at_most_chunk.key_chunk == 64
     for bad in (8, 24):
-        with pytest.raises(ValueError, match="mono Tuning.key_slice: expected a power of two >= 16"):
+        with pytest.raises(ValueError, match="mono Tuning.key_slice: expected a power of two"):
             resolve(dims, 1, key_slice=bad)
 
 
@@ -265,7 +265,7 @@ def test_woa_parts_are_checked() -> None:
     assert Plan(dims, 1, tuning=resolve(dims, 1, woa_parts=2)).woa_parts == 2
     assert Plan(dims, 1, woa_parts=1).stage("woa").tasks == Plan(dims, 1).woa_blocks
     for bad in (3, 16):
-        with pytest.raises(ValueError, match=f"mono Tuning.woa_parts: expected 1, 2, 4 or 8, got {bad}"):
+        with pytest.raises(ValueError, match=f"Tuning.woa_parts: expected 1, 2, 4 or 8, got {bad}"):
             resolve(dims, 1, woa_parts=bad)
     with pytest.raises(ValueError, match="woa_parts: expected 1, 2, 4 or 8 parts"):
         Plan(dims, 1, woa_parts=16)
@@ -273,7 +273,8 @@ def test_woa_parts_are_checked() -> None:
 
 def test_warps_are_checked() -> None:
     dims = Dims.of("dsv41-flash", 4)
-    assert resolve(dims, 1).num_warps == NUM_WARPS and resolve(dims, 1, num_warps=16).num_warps == 16
+    assert resolve(dims, 1).num_warps == NUM_WARPS
+    assert resolve(dims, 1, num_warps=16).num_warps == 16
     for bad in (2, 32):
-        with pytest.raises(ValueError, match=f"mono Tuning.num_warps: expected 4, 8 or 16, got {bad}"):
+        with pytest.raises(ValueError, match=f"Tuning.num_warps: expected 4, 8 or 16, got {bad}"):
             resolve(dims, 1, num_warps=bad)

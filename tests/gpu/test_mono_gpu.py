@@ -121,7 +121,8 @@ def test_scratch_matches_schedule_executor(layers) -> None:
     runner.check()
     scratch = runner.plan.new_scratch(DEVICE, epoch=3)
     y_exec = torch.empty_like(sc.x)
-    ScheduleExecutor(runner.plan, lw, runner.cos, runner.sin).run(scratch, sc.clone_caches(), y_exec)
+    executor = ScheduleExecutor(runner.plan, lw, runner.cos, runner.sin)
+    executor.run(scratch, sc.clone_caches(), y_exec)
     agree = region_agreement(runner.plan, runner.scratch, scratch)
     for name in ("ctl", "xrdy", "qrdy", "srdy", "crdy", "ardy", "x8", "x8s"):
         assert agree[name] == 1.0, (name, agree)

@@ -203,15 +203,15 @@ def test_combine_heads_a_program(heads):
     for wide in (False, True):
         _assert_matches(_run(layer, sc, q_fused, splits=3, combine_heads=heads,
                              combine_wide=wide), want)  # fmt: skip
-    with pytest.raises(ValueError, match="AttentionTuning.combine_heads: expected 1, 2, 4, 8 or 16"):
+    with pytest.raises(ValueError, match="AttentionTuning.combine_heads: expected 1, 2, 4, 8"):
         dataclasses.replace(attention_tuning(1, 16, 640, 132), combine_heads=3)
 
 
 @pytest.mark.parametrize("wide,splits", [(False, 3), pytest.param(True, 3, marks=pytest.mark.slow),
                                          pytest.param(True, 4, marks=pytest.mark.slow)])
 def test_combine_split_by_split_or_all_at_once(wide, splits):
-    """Both combine orders (``AttentionTuning.combine_wide``: split by split, or every split's partials
-    in one load) give the reference, with a row of no keys (zeros, lse -inf) and split counts
+    """Both combine orders (``AttentionTuning.combine_wide``: split by split, or every split's
+    partials in one load) give the reference, with a row of no keys (zeros, lse -inf) and split counts
     of no power of two (all at once: read as a power of two and the rest) and of one; by
     default all at once from ``COMBINE_WIDE_SPLITS`` splits on."""
     assert split_pieces(40) == {"SPLIT_HEAD": 32, "SPLIT_TAIL": 8}  # tp 4, M = 1: no padding

@@ -559,7 +559,8 @@ class GemvRules:
         }
         for name, (ok, expected) in checks.items():
             if not ok:
-                raise ValueError(f"GemvRules.{name}: expected {expected}, got {getattr(self, name)}")
+                got = getattr(self, name)
+                raise ValueError(f"GemvRules.{name}: expected {expected}, got {got}")
 
 
 GEMV = GemvRules()  # the rules every step uses
