@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rank", type=int, default=0)
     sp.add_argument("--layer", type=int, default=1, help="layer id (decides RoPE and top-k)")
     sp.add_argument("--record-format", default="fp8_ds_mla", choices=["fp8_ds_mla", "fp8_mx"])
-    sp.add_argument("--deploy", help="deployment config (configs/deploy/NAME.yaml): sets config, "
+    sp.add_argument("--deploy", help="deployment config (dsv41/configs/deploy/NAME.yaml): sets config, "
                     "tp, record format and the backend compared (unless --backends); --tokens "
                     "at most its max_tokens")
     sp.add_argument("--checkpoint", help="checkpoint or downloaded model directory (default: synthetic "

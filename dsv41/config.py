@@ -1,7 +1,7 @@
 """Model configs: the geometry of docs/design.md §1 read from YAML or a checkpoint's config.json,
 validated.
 
-A config is looked up by name in ``configs/models/`` (``dsv41-flash``,
+A config is looked up by name in ``dsv41/configs/models/`` (``dsv41-flash``,
 ``dsv4-flash``, ``tiny``, ``tiny-v4``), read from a YAML path, or read from a
 downloaded model directory's ``config.json`` (flat as V4-Flash writes it, or
 nested under ``text_config`` as V4.1-Flash does; see docs/checkpoints.md). Every
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: ships in the wheel
 MX_BLOCK = 32  # values sharing one E8M0 code; widths must be multiples of it
 # 0 = window only; any other = window + compressed top-k (V4.1 uses 1 and 2, V4 4 and 128).
 COMPRESS_RATIOS = (0, 1, 2, 4, 128)
@@ -225,7 +225,7 @@ def parse_model_config(raw: dict) -> ModelConfig:
 
 
 def _read_yaml(kind: str, name_or_path: str | Path) -> tuple[Path, object]:
-    """``configs/<kind>/<name>.yaml`` (or a path) and its parsed content; names the known ones."""
+    """``dsv41/configs/<kind>/<name>.yaml`` (or a path) and its parsed content; names the known ones."""
     path = Path(name_or_path)
     if not path.suffix:
         path = CONFIG_DIR / kind / f"{name_or_path}.yaml"
@@ -237,7 +237,7 @@ def _read_yaml(kind: str, name_or_path: str | Path) -> tuple[Path, object]:
 
 
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
-    """A validated model config: a name in ``configs/models/``, a YAML path, or a model
+    """A validated model config: a name in ``dsv41/configs/models/``, a YAML path, or a model
     directory (its ``config.json``) or a ``config.json`` path."""
     path = Path(name_or_path)
     if path.is_dir() or path.suffix == ".json":
@@ -397,7 +397,7 @@ class DeployConfig:
 
 
 def load_deploy_config(name_or_path: str | Path) -> DeployConfig:
-    """Load ``configs/deploy/<name>.yaml`` (gb200-tp4, h200-tp4, mi355-tp4, mi355-tp2) or a path."""
+    """Load ``dsv41/configs/deploy/<name>.yaml`` (gb200-tp4, h200-tp4, mi355-tp4, mi355-tp2) or a path."""
     path, raw = _read_yaml("deploy", name_or_path)
     where = f"{path.name}: "
     if not isinstance(raw, dict):
