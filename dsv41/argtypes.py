@@ -44,14 +44,14 @@ def float_in(low: float, high: float = math.inf, low_open: bool = False):
 
 
 def backend_list(text: str) -> str:
-    """An argparse type: comma-separated kernel backend names, at least one, none repeated."""
-    from dsv41.backends import KERNEL_BACKENDS
+    """An argparse type: comma-separated backend names, at least one, none repeated."""
+    from dsv41.backends import NAMES
 
     names = [n.strip() for n in text.split(",")]
-    known = all(n in KERNEL_BACKENDS for n in names)
+    known = all(n in NAMES for n in names)
     if not text.strip() or not known or len(set(names)) < len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated names from "
-                                         f"{', '.join(KERNEL_BACKENDS)}, got {text!r}")  # fmt: skip
+                                         f"{', '.join(NAMES)}, got {text!r}")  # fmt: skip
     return ",".join(names)
 
 

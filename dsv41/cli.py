@@ -130,6 +130,8 @@ def cmd_parity(args) -> int:
     elif args.config is None:
         args.config = "tiny"
     dims = _geometry(args)
+    if args.distributed:
+        return _parity_distributed(args, dims)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     layer = LayerWeights(dims, args.rank, args.layer, device=device)
     if args.checkpoint:
@@ -162,6 +164,54 @@ def cmd_parity(args) -> int:
     print(f"parity ok: {len(comparisons)} comparisons within rel L2 <= {args.rel_tol:g}, "
           f"codes >= {100 * args.code_agreement:g}%")
     return 0
+
+
+def _parity_distributed(args, dims) -> int:
+    """``parity --distributed`` (one process a rank, under torchrun): every backend's step with the
+    deterministic reduce vs the single-process sum of its partials and the reference's."""
+    import torch.distributed as dist
+
+    from dsv41 import backends as registry
+    from dsv41 import distributed
+
+    created = not dist.is_initialized()
+    device = distributed.init()
+    try:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world != dims.tp:
+            raise ValueError(f"--tp: expected the number of processes torchrun started ({world}), "
+                             f"got {dims.tp}")  # fmt: skip
+        wanted = [n.strip() for n in (args.backends or "").split(",") if n.strip()]
+        kernels = ",".join(n for n in wanted if n != "reference")  # --backends reference: it alone
+        names = ["reference"] + (registry.available(dims.tp, args.tokens, kernels)
+                                 if kernels or not wanted else [])  # fmt: skip
+        if rank == 0:
+            source = f"checkpoint {args.checkpoint}" if args.checkpoint else f"synthetic weights (seed {args.seed})"
+            print(f"parity --distributed: {dims.model.name}, tp {dims.tp} ({dist.get_backend()}), "
+                  f"layer {args.layer}, {args.tokens} tokens, {args.record_format}, {source}, on {device}")
+        results = distributed.distributed_parity(
+            dims.model, args.layer, args.tokens, names, record_format=args.record_format,
+            seed=args.seed, checkpoint=args.checkpoint, rel_tol=args.rel_tol, device=device,
+        )  # fmt: skip
+        failed = torch.tensor([int(not all(r.ok for r in results))], device=device)
+        dist.broadcast(failed, src=0)
+        if rank == 0:
+            print(distributed.format_results(results))
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"config": dims.model.name, "tp": dims.tp, "tokens": args.tokens,
+                               "record_format": args.record_format, "rel_tol": args.rel_tol,
+                               "distributed": [vars(r) for r in results]}, f, indent=1)
+            if failed.item():
+                print("parity --distributed FAILED: " + ", ".join(r.backend for r in results if not r.ok),
+                      file=sys.stderr)
+            else:
+                print(f"parity --distributed ok: {len(results)} backends equal to their single-process "
+                      f"sums bit for bit, within rel L2 <= {args.rel_tol:g} of the reference")
+        return int(failed.item())
+    finally:
+        if created:
+            dist.destroy_process_group()
 
 
 def cmd_checkpoint_synth(args) -> int:
@@ -244,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="min fraction of equal E8M0 codes in MX seams")
     sp.add_argument("--json", type=new_file,
                     help="write the verdict, the inputs and the comparisons to this JSON file")
+    sp.add_argument("--distributed", action="store_true",
+                    help="one process a rank (torchrun --nproc-per-node TP): each backend's step with "
+                    "the deterministic reduce vs the single-process sum of its partials (bit for bit) "
+                    "and the reference's (--rel-tol); --backends may be just reference; --rank is ignored")
     sp.set_defaults(func=cmd_parity, tp=2, tokens=4, config=None)
 
     sub.add_parser("bench", add_help=False,
@@ -295,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args: argparse.Namespace) -> None:
     """The checks that take two arguments, in argparse's error form (exit 2)."""
     fail = args.parser.error
+    backends = (getattr(args, "backends", None) or "").split(",")
+    if "reference" in backends and not getattr(args, "distributed", False):
+        fail(f"argument --backends: expected kernel backends (the reference is always compared), "
+             f"got {args.backends!r}")  # fmt: skip
     if getattr(args, "rank", None) is not None and getattr(args, "deploy", None) is None:
         if args.rank >= args.tp:
             fail(f"argument --rank: expected 0 <= rank < --tp = {args.tp}, got {args.rank}")
