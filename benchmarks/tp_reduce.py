@@ -91,8 +91,8 @@ def main(argv=None) -> int:
                      "step_with_reduce_us": t_both * 1e6,
                      "single_gpu_step_us": None if t_one is None else t_one * 1e6})  # fmt: skip
     if rank == 0:
-        print(f"{dims.model.name} tp {tp} ({dist.get_backend()}), {args.backend}, {n} layers a graph; "
-              f"us a step, slowest rank")
+        print(f"{dims.model.name} tp {tp} ({dist.get_backend()}), {args.backend}, {n} layers a "
+              f"graph; us a step, slowest rank")
         print(f"{'M':>4} {'rank step':>10} {'reduce':>8} {'step+reduce':>12} {'1 GPU (tp 1)':>13} "
               f"{'speedup':>8}")
         for r in rows:

@@ -200,9 +200,11 @@ def _parity_distributed(args, dims) -> int:
         names = ["reference"] + (registry.available(dims.tp, args.tokens, kernels)
                                  if kernels or not wanted else [])  # fmt: skip
         if rank == 0:
-            source = f"checkpoint {args.checkpoint}" if args.checkpoint else f"synthetic weights (seed {args.seed})"
+            source = (f"checkpoint {args.checkpoint}" if args.checkpoint
+                      else f"synthetic weights (seed {args.seed})")  # fmt: skip
             print(f"parity --distributed: {dims.model.name}, tp {dims.tp} ({dist.get_backend()}), "
-                  f"layer {args.layer}, {args.tokens} tokens, {args.record_format}, {source}, on {device}")
+                  f"layer {args.layer}, {args.tokens} tokens, {args.record_format}, {source}, "
+                  f"on {device}")  # fmt: skip
         results = distributed.distributed_parity(
             dims.model, args.layer, args.tokens, names, record_format=args.record_format,
             seed=args.seed, checkpoint=args.checkpoint, rel_tol=args.rel_tol, device=device,
@@ -217,11 +219,12 @@ def _parity_distributed(args, dims) -> int:
                                "record_format": args.record_format, "rel_tol": args.rel_tol,
                                "distributed": [vars(r) for r in results]}, f, indent=1)
             if failed.item():
-                print("parity --distributed FAILED: " + ", ".join(r.backend for r in results if not r.ok),
-                      file=sys.stderr)
+                bad = ", ".join(r.backend for r in results if not r.ok)
+                print(f"parity --distributed FAILED: {bad}", file=sys.stderr)
             else:
-                print(f"parity --distributed ok: {len(results)} backends equal to their single-process "
-                      f"sums bit for bit, within rel L2 <= {args.rel_tol:g} of the reference")
+                print(f"parity --distributed ok: {len(results)} backends equal to their "
+                      f"single-process sums bit for bit, within rel L2 <= {args.rel_tol:g} of "
+                      f"the reference")  # fmt: skip
         return int(failed.item())
     finally:
         if created:
@@ -309,9 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", type=new_file,
                     help="write the verdict, the inputs and the comparisons to this JSON file")
     sp.add_argument("--distributed", action="store_true",
-                    help="one process a rank (torchrun --nproc-per-node TP): each backend's step with "
-                    "the deterministic reduce vs the single-process sum of its partials (bit for bit) "
-                    "and the reference's (--rel-tol); --backends may be just reference; --rank is ignored")
+                    help="one process a rank (torchrun --nproc-per-node TP): each backend's step "
+                    "with the deterministic reduce vs the single-process sum of its partials (bit "
+                    "for bit) and the reference's (--rel-tol); --backends may be just reference; "
+                    "--rank is ignored")
     sp.set_defaults(func=cmd_parity, tp=2, tokens=4, config=None)
 
     sub.add_parser("bench", add_help=False,

@@ -101,13 +101,15 @@ class TensorParallelAttention(nn.Module):
         cfg = model if isinstance(model, ModelConfig) else load_model_config(model)
         self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        self.layer = DSV41Attention(cfg, self.tp, self.rank, layer_id, backend, max_tokens=max_tokens,
-                                    device=device, warmup=warmup)  # fmt: skip
+            on_gpu = torch.cuda.is_available()
+            device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu"
+        self.layer = DSV41Attention(cfg, self.tp, self.rank, layer_id, backend,
+                                    max_tokens=max_tokens, device=device, warmup=warmup)
         self.reduce = RankReduce(self.tp, max_tokens, cfg.hidden, device, group)
 
     @classmethod
-    def from_deploy(cls, deploy: DeployConfig | str, layer_id: int, **kwargs) -> TensorParallelAttention:
+    def from_deploy(cls, deploy: DeployConfig | str, layer_id: int,
+                    **kwargs) -> TensorParallelAttention:  # fmt: skip
         """The layer of a deployment config; its tp must be the process group's size."""
         d = deploy if isinstance(deploy, DeployConfig) else load_deploy_config(deploy)
         world = dist.get_world_size(kwargs.get("group"))
@@ -118,10 +120,11 @@ class TensorParallelAttention(nn.Module):
 
     @property
     def weights(self):
+        """The rank's ``LayerWeights`` (its shard, in the kernels' layouts)."""
         return self.layer.weights
 
     def load_weights(self, weights) -> set[str]:
-        """Full checkpoint ``(name, tensor)`` pairs of the layer; the loaders keep this rank's shard."""
+        """Full checkpoint ``(name, tensor)`` pairs of the layer; its loaders keep the shard."""
         return self.layer.load_weights(weights)
 
     def load_checkpoint(self, ckpt_dir) -> set[str]:
@@ -130,7 +133,8 @@ class TensorParallelAttention(nn.Module):
 
         return load_layer(ckpt_dir, self.layer.weights)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache_metadata: CacheMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                cache_metadata: CacheMetadata) -> torch.Tensor:  # fmt: skip
         """``x`` bf16 [M, hidden], ``positions`` [M] -> the layer's bf16 [M, hidden] output."""
         return self.reduce(self.layer(x, positions, cache_metadata))
 
@@ -210,12 +214,13 @@ def distributed_parity(
         _all_gather(everyone, first)
         if rank != 0:
             continue
-        single = reference if name == "reference" else single_process_sum(registry.get(name).forward)
+        single = (reference if name == "reference"
+                  else single_process_sum(registry.get(name).forward))  # fmt: skip
         c = compare("y", (name, "reference"), first.float(), reference.float(), rel_tol, 0.0)
         equal, repeat = torch.equal(first, single), torch.equal(first, again)
         agree = all(torch.equal(first, other) for other in everyone.view(tp, tokens, -1))
-        results.append(DistributedResult(name, tp, tokens, equal, repeat, agree, c.rel_l2, c.max_abs,
-                                         equal and repeat and agree and c.ok))  # fmt: skip
+        results.append(DistributedResult(name, tp, tokens, equal, repeat, agree, c.rel_l2,
+                                         c.max_abs, equal and repeat and agree and c.ok))
     return results
 
 

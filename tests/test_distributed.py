@@ -40,7 +40,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.save(outs, f"{out_dir}/rank{rank}.pt")
     rc = cli.main(["parity", "--distributed", "--tp", str(TP), "--tokens", "2", "--backends",
                    "reference", "--json", f"{out_dir}/parity.json"])  # fmt: skip
-    torch.save(rc, f"{out_dir}/rc{rank}.pt")
+    bad_tp = cli.main(["parity", "--distributed", "--tp", "4", "--backends", "reference"])
+    torch.save((rc, bad_tp), f"{out_dir}/rc{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
@@ -88,7 +89,7 @@ def test_two_runs_give_identical_bits(run):
 @pytest.mark.slow  # two processes spawned: ~25 s on a 2-core CPU
 def test_parity_distributed_cli_is_green(run):
     _, rcs, report = run
-    assert rcs == [0] * TP
+    assert rcs == [(0, 2)] * TP  # --tp 4 under 2 processes: refused (exit 2), nothing run
     (row,) = report["distributed"]
     assert row["backend"] == "reference" and row["tp"] == TP and row["tokens"] == 2
     assert row["equals_single_process"] and row["repeat_identical"] and row["ranks_agree"]
@@ -121,3 +122,9 @@ def test_reduce_refuses_a_bad_partial():
     for bad in (torch.zeros(5, 64).bfloat16(), torch.zeros(2, 64), torch.zeros(2, 32).bfloat16()):
         with pytest.raises(ValueError, match=r"partial: expected bfloat16 \[M <= 4, 64\]"):
             reduce(bad)
+
+
+def test_layer_needs_a_process_group():
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(RuntimeError, match=r"expected an initialised process group"):
+        distributed.TensorParallelAttention(MODEL, LAYER, "reference")
