@@ -256,26 +256,48 @@ def validate_inputs(layer: LayerWeights, inputs: StepInputs) -> None:
         raise MonoError(str(e)) from None
 
 
+def check_record_formats(inputs: StepInputs) -> None:
+    """Raise ``ValueError`` naming a cache whose record format mono does not read (fp8_ds_mla
+    only): an attribute check, no device sync, so the server path makes it on every call."""
+    for name in ("window_cache", "compressed_cache"):
+        cache = getattr(inputs, name)
+        if cache is not None and cache.fmt is not FP8_DS_MLA:
+            raise ValueError(f"{name}: backend mono expects record format fp8_ds_mla, "
+                             f"got {cache.fmt.name}")  # fmt: skip
+
+
+def capturing(device: torch.device) -> bool:
+    """The current stream of ``device`` is being captured into a CUDA / HIP graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def mono_forward(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
     """The server path of ``mono_step``: one launch, no host sync, no seam copies; returns y.
 
-    A timeout in an earlier launch of the same runner is raised (``MonoError``,
-    scratch reset) by the first call after its error word has reached the host:
-    the y of the launch that timed out is not to be trusted, and the error names
-    it one call later instead of costing a device sync on every layer step.
-    ``mono_step`` checks synchronously.
+    Capturable in the caller's CUDA / HIP graph: while the stream is capturing, the launch
+    alone is recorded (no event, no read of the error word). Outside a capture, a timeout
+    of an earlier launch of the same runner (eager or a graph replay) is raised
+    (``MonoError``, scratch reset) by the first call after its error word has reached the
+    host: each such call starts that word's copy after its launch and reads the previous
+    copy, so the error costs no device sync on every layer step. ``mono_step`` checks
+    synchronously.
     """
+    check_record_formats(inputs)
     runner = runner_for(layer, inputs.tokens)
-    runner.raise_reported()
     y = torch.empty_like(inputs.x)
+    if capturing(runner.device):
+        runner.launch(inputs, y)
+        return y
+    runner.raise_reported()
     runner.launch(inputs, y)
     runner.report_async()
     return y
 
 
 def mono_launch(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
-    """One launch of the cached runner returning y: no checks, no error report, no host sync
+    """One launch of the cached runner returning y: no error report, no host sync
     (graph-capturable; what the bench times)."""
+    check_record_formats(inputs)
     y = torch.empty_like(inputs.x)
     runner_for(layer, inputs.tokens).launch(inputs, y)
     return y
