@@ -132,6 +132,13 @@ def cmd_parity(args) -> int:
     dims = _geometry(args)
     if args.distributed:
         return _parity_distributed(args, dims)
+    # Which backends run (or why not), before any weight is made.
+    fmt = args.record_format
+    names = ["reference"] + registry.available(dims.tp, args.tokens, args.backends, fmt)
+    refused = registry.refusals(dims.tp, args.tokens, fmt)
+    left_out = {n: f"{refused[n]} ({n}'s limits: {registry.limits(n).describe()})"
+                if n in refused else "not in --backends"
+                for n in registry.KERNEL_BACKENDS if n not in names}  # fmt: skip
     device = "cuda" if torch.cuda.is_available() else "cpu"
     layer = LayerWeights(dims, args.rank, args.layer, device=device)
     if args.checkpoint:
@@ -144,20 +151,27 @@ def cmd_parity(args) -> int:
         layer.dummy_load(args.seed)
         source = f"synthetic weights (seed {args.seed})"
     sc = make_scenario(dims, args.layer, args.tokens, fmt=args.record_format, seed=args.seed, device=device)
-    names = ["reference"] + registry.available(dims.tp, args.tokens, args.backends)
     backends = {n: registry.get(n).step for n in names}
     where = device if device == "cuda" else "cpu, Triton interpreter"
     print(f"parity: {dims.model.name}, tp {dims.tp} rank {args.rank}, layer {args.layer}, "
           f"{args.tokens} tokens, {args.record_format}, {source}, on {where}")
+    for n, why in left_out.items():
+        print(f"skipped {n}: {why}")
     comparisons = run_parity(layer, sc, backends, rel_tol=args.rel_tol, code_agreement=args.code_agreement)
     print(format_table(comparisons))
     failed = sorted({c.seam for c in comparisons if not c.ok})
     if args.json:
+        report = {
+            "verdict": "failed" if failed else "ok", "failed_seams": failed,
+            "config": dims.model.name, "tp": dims.tp, "rank": args.rank, "layer": args.layer,
+            "tokens": args.tokens, "record_format": args.record_format, "seed": args.seed,
+            "checkpoint": str(args.checkpoint) if args.checkpoint else None,
+            "deploy": args.deploy, "device": where, "rel_tol": args.rel_tol,
+            "code_agreement": args.code_agreement, "compared": names, "skipped": left_out,
+            "comparisons": [c.as_dict() for c in comparisons],
+        }  # fmt: skip
         with open(args.json, "w") as f:
-            json.dump({"config": dims.model.name, "tp": dims.tp, "tokens": args.tokens,
-                       "record_format": args.record_format, "rel_tol": args.rel_tol,
-                       "code_agreement": args.code_agreement,
-                       "comparisons": [c.as_dict() for c in comparisons]}, f, indent=1)
+            json.dump(report, f, indent=1)
     if failed:
         print(f"parity FAILED on seams: {', '.join(failed)}", file=sys.stderr)
         return 1
