@@ -126,7 +126,8 @@ def run(mutation: Mutation) -> tuple[bool, float, str]:
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{mutation.name}: pytest exited {proc.returncode}:\n"
                            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")  # fmt: skip
-    return proc.returncode == 1, seconds, (lines[0] if proc.returncode else lines[-1]) if lines else ""
+    shown = (lines[0] if proc.returncode else lines[-1]) if lines else ""
+    return proc.returncode == 1, seconds, shown
 
 
 def main(names: list[str]) -> int:

@@ -7,12 +7,15 @@ import dataclasses
 
 import pytest
 import torch
+from test_step_tolerances import BOUNDS
 
 from dsv41.amd.mono.checks import parity
 from dsv41.amd.mono.launcher import MonoError, MonoRunner, mono_step, runner_for
 from dsv41.amd.mono.plan import CTL_ERROR, Plan
 from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.scenario import make_scenario
+
+MONO_Y_REL = BOUNDS["mono"]["y"]["rel_l2"]  # what mono achieves on CPU (measured: y equal)
 
 
 @pytest.mark.slow
@@ -23,7 +26,8 @@ def test_consecutive_steps_across_epoch_wraparound(tiny_layer, run_mono, run_ref
     for step, seed in enumerate((1, 2)):
         sc = make_scenario(lw.dims, 1, 3, seed=seed)  # fresh x, positions, caches each step
         got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
-        assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+        assert got["y_rel"] <= MONO_Y_REL, got
+        assert got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
         tag = [2**31 - 1, -(2**31)][step]  # the epoch this step ran under, now every tag
         for name in runner.plan.mailboxes:
             boxes = runner.views[name]
@@ -43,7 +47,8 @@ def test_timeout_raises_and_recovers(tiny_layer, run_mono, run_reference) -> Non
     assert int(runner.views["ctl"][CTL_ERROR]) == 0
     assert runner.views["xrdy"][:, 0].eq(0).all()
     got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
-    assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+    assert got["y_rel"] <= MONO_Y_REL, got
+    assert got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
 
 
 def test_mono_step_validates(tiny_layer) -> None:
@@ -78,4 +83,5 @@ def test_layers_and_token_counts_share_one_scratch(tiny_layer, run_reference) ->
         work = sc.clone_caches()
         seams = mono_step(lw, work, validate=True)
         got = parity(lw.dims, seams, run_reference(lw, sc))
-        assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+        assert got["y_rel"] <= MONO_Y_REL, got
+        assert got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
