@@ -3,7 +3,7 @@
 # 10 minutes). Installs nothing: the machine needs torch, triton, numpy, pyyaml, safetensors
 # (and ncu for `ncu`). Logs and JSON go to $OUT (default /tmp/dsv41-out).
 #
-#   bash benchmarks/gpu_session.sh tests [PYTEST ARGS]  every test of tests/gpu (or a selection)
+#   bash benchmarks/gpu_session.sh tests [PYTEST ARGS]  tests/gpu (or the tests named)
 #   bash benchmarks/gpu_session.sh parity               real geometry, tp 2 and 4, both record formats
 #   bash benchmarks/gpu_session.sh tables [BACKEND]     bench tables, tp 4 and tp 2, M = 1 .. 48
 #                                                       (BACKEND: nvidia (default), mono, or both
@@ -27,8 +27,12 @@ header() {
     | tee -a "$OUT/gpu.txt"
 }
 
+# Every tier (-m '': the slow ones too). Arguments replace tests/gpu: the whole directory takes
+# more than one 10-minute call, so run `tests tests/gpu --ignore=tests/gpu/test_mono_gpu.py`,
+# then `tests tests/gpu/test_mono_gpu.py` (about 6 minutes).
 tests() {
-  timeout 560 python3 -m pytest -q -p no:cacheprovider tests/gpu --timeout 300 "$@" 2>&1 \
+  [ $# -eq 0 ] && set -- tests/gpu
+  timeout 560 python3 -m pytest -q -p no:cacheprovider -m '' --timeout 300 "$@" 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -25
 }
 

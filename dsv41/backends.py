@@ -59,6 +59,12 @@ class Limits:
             return f"expected a record format in {self.record_formats}, got {record_format!r}"
         return None
 
+    def describe(self) -> str:
+        """The limits in words: tp shares, tokens a step, record formats."""
+        tp = "any tp" if self.tp is None else f"tp in {self.tp}"
+        tokens = "any tokens" if self.max_tokens is None else f"at most {self.max_tokens} tokens"
+        return f"{tp}, {tokens}, record formats {', '.join(self.record_formats)}"
+
 
 LIMITS = {
     "nvidia": Limits(None, None, tuple(RECORD_FORMATS)),
@@ -118,18 +124,30 @@ def _check_name(name: str) -> None:
         raise ValueError(f"backend: expected one of {NAMES}, got {name!r}")
 
 
-def available(tp: int, tokens: int, requested: str | None = None) -> list[str]:
-    """Kernel backends this machine can run for (tp, tokens) (on CPU through the Triton
-    interpreter): ``requested`` (comma-separated names) checked, or all that fit."""
-    names = [n for n in KERNEL_BACKENDS if LIMITS[n].refusal(tp, tokens) is None]
+def refusals(tp: int, tokens: int, record_format: str | None = None) -> dict[str, str]:
+    """Kernel backends that cannot run a step at (tp, tokens, record_format), each with why."""
+    found = {n: LIMITS[n].refusal(tp, tokens, record_format) for n in KERNEL_BACKENDS}
+    return {n: why for n, why in found.items() if why}
+
+
+def available(
+    tp: int, tokens: int, requested: str | None = None, record_format: str | None = None
+) -> list[str]:
+    """Kernel backends this machine can run for (tp, tokens, record_format) (on CPU through the
+    Triton interpreter): ``requested`` (comma-separated names) checked, or all that fit."""
+    refused = refusals(tp, tokens, record_format)
+    names = [n for n in KERNEL_BACKENDS if n not in refused]
     if requested:
         wanted = [n.strip() for n in requested.split(",") if n.strip()]
         for n in wanted:
             if n not in KERNEL_BACKENDS:
                 raise ValueError(f"--backends: expected names from {', '.join(KERNEL_BACKENDS)}, "
                                  f"got {n!r}")  # fmt: skip
-            if n not in names:
-                raise ValueError(f"--backends: {n} cannot run at tp {tp} with {tokens} tokens")
+            if n in refused:
+                step = f"tp {tp} with {tokens} tokens"
+                step += f" in {record_format}" if record_format else ""
+                raise ValueError(f"--backends: {n} cannot run at {step}: {refused[n]}; "
+                                 f"{n}'s limits: {LIMITS[n].describe()}")  # fmt: skip
         names = wanted
     return names
 

@@ -27,7 +27,9 @@ import sys
 
 import torch
 
+from dsv41.argtypes import HelpFormatter, int_at_least, new_file
 from dsv41.backends import NAMES
+from dsv41.common.geometry import TP_SIZES
 
 L2_BYTES = 60 * 2**20  # H200 L2: the weights of the layers in a graph must exceed it
 L2_MARGIN = 2.5  # weights in a graph >= this many L2s, so no replay finds them cached
@@ -39,37 +41,40 @@ RECORD_FORMAT = "fp8_ds_mla"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dsv41 bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("--backend", default="nvidia",
-                   help="comma-separated backends: nvidia, mono, reference (default nvidia)")
+                   help="comma-separated backends: nvidia, mono, reference")
     p.add_argument("--config", default="dsv41-flash", help="model config name or YAML path")
-    p.add_argument(
-        "--tp", type=int, default=4, help="tensor-parallel size; rank --rank's share is timed"
-    )
-    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--tp", type=int, choices=TP_SIZES, default=4,
+                   help="tensor-parallel size; rank --rank's share is timed")
+    p.add_argument("--rank", type=int_at_least(0), default=0, help="TP rank timed (below --tp)")
     p.add_argument("--tokens", default="1,2,4,8,16,32,48", help="comma-separated token counts M")
     p.add_argument(
         "--layers",
-        type=int,
+        type=int_at_least(1),
         default=None,
         help=f"layers in a graph (default: the model's layer count, at least enough for "
         f"{L2_MARGIN} x the {L2_BYTES >> 20} MB L2)",
     )
-    p.add_argument("--replays", type=int, default=REPLAYS)
-    p.add_argument("--reference-repeats", type=int, default=REFERENCE_REPEATS)
-    p.add_argument("--json", default=None, help="write the rows here")
-    p.add_argument("--plot", default=None, help="write a PNG of us/step against M (needs matplotlib)")
+    p.add_argument("--replays", type=int_at_least(1), default=REPLAYS, help="graph replays timed")
+    p.add_argument("--reference-repeats", type=int_at_least(1), default=REFERENCE_REPEATS,
+                   help="eager reference steps timed")
+    p.add_argument("--json", type=new_file, default=None, help="write the rows here")
+    p.add_argument("--plot", type=new_file, default=None,
+                   help="write a PNG of us/step against M (needs matplotlib)")
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
-    for b in args.backends:
-        if b not in NAMES:
-            p.error(f"--backend: expected names from {NAMES}, got {b!r}")
+    if not args.backends or any(b not in NAMES for b in args.backends):
+        p.error(f"argument --backend: expected names from {NAMES}, got {args.backend!r}")
+    if args.rank >= args.tp:
+        p.error(f"argument --rank: expected 0 <= rank < --tp = {args.tp}, got {args.rank}")
     try:
         args.tokens = [int(t) for t in args.tokens.split(",") if t]
     except ValueError:
-        p.error(f"--tokens: expected comma-separated ints, got {args.tokens!r}")
+        p.error(f"argument --tokens: expected comma-separated ints, got {args.tokens!r}")
     if not args.tokens or min(args.tokens) < 1:
-        p.error(f"--tokens: expected positive token counts, got {args.tokens}")
+        p.error(f"argument --tokens: expected token counts >= 1, got {args.tokens}")
     return args
 
 

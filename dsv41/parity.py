@@ -78,13 +78,33 @@ def standard_seams(seams: dict, layer: LayerWeights, positions: torch.Tensor) ->
     return out
 
 
+def seam_errors(a: object, b: object) -> dict[str, float | None]:
+    """Errors of seam ``a`` (tested) against ``b`` (baseline), both in the standard layout:
+    ``max_abs``, ``rel_l2`` (``|a - b| / |b|``, 0 when both are 0), ``codes`` (the fraction
+    of equal E8M0 codes for an MX seam given as (values, codes), else None). Positions where
+    both are the same infinity count as equal; a NaN or a lone infinity in ``a`` gives inf."""
+    codes = None
+    if isinstance(a, tuple):
+        codes = (a[1].cpu() == b[1].cpu()).float().mean().item() if b[1].numel() else 1.0
+        a, b = a[0], b[0]
+    a, b = a.double().cpu().flatten(), b.double().cpu().flatten()
+    same = ((a == b) & torch.isinf(b)) | (torch.isnan(a) & torch.isnan(b))
+    a, b = torch.where(same, 0.0, a), torch.where(same, 0.0, b)
+    diff = a - b
+    if not bool(torch.isfinite(diff).all()):
+        return {"max_abs": float("inf"), "rel_l2": float("inf"), "codes": codes}
+    max_abs = diff.abs().max().item() if diff.numel() else 0.0
+    den, num = b.norm().item(), diff.norm().item()
+    return {"max_abs": max_abs, "rel_l2": num / den if den > 0 else num, "codes": codes}
+
+
 def compare(
     seam: str, pair: tuple[str, str], a: object, b: object, rel_tol: float, code_agreement: float
 ) -> Comparison:
     """Metrics of ``a`` (tested) against ``b`` (baseline) on one seam."""
-    agree = None
+    errors = seam_errors(a, b)
+    agree = errors["codes"]
     if isinstance(a, tuple):
-        agree = (a[1].cpu() == b[1].cpu()).float().mean().item()
         a, b = a[0], b[0]
     a, b = a.double().cpu().flatten(), b.double().cpu().flatten()
     diff = a - b

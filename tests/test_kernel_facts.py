@@ -61,18 +61,18 @@ def amd_facts() -> dict:
 
 @pytest.mark.parametrize("target", AMD)
 def test_mono_compiles_for_amd(amd_facts, target):
-    """Mono's one launch, 8 waves, compiles for AMD with its byte-by-byte e4m3 conversion: no
-    PTX left in it."""
+    """Mono's one launch, 4 waves on ROCm (its Tuning), compiles for AMD with its byte-by-byte
+    e4m3 conversion: no PTX left in it."""
     for (t, backend, tp, m, _), rows in amd_facts.items():
         if t == target and backend == "mono":
-            assert [r["kernel"] for r in rows] == ["mono_kernel"] and rows[0]["warps"] == 8
+            assert [r["kernel"] for r in rows] == ["mono_kernel"] and rows[0]["warps"] == 4
             _amd_clean(rows, (t, tp, m), spills=False)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: mono still spills VGPRs on gfx942 / gfx950 "
-                                       "(docs/amd.md)")  # fmt: skip
 @pytest.mark.parametrize("target", AMD)
 def test_mono_without_vgpr_spills_on_amd(amd_facts, target):
+    """ROCm's Tuning (4 waves, 16-key slices, GEMV blocks of 128) spills no VGPR at tp 2 and 4,
+    one and 48 tokens (docs/amd.md: every bucket)."""
     for (t, backend, tp, m, _), rows in amd_facts.items():
         if t == target and backend == "mono":
             assert rows[0]["vgpr_spills"] == 0, (t, tp, m, rows[0])

@@ -37,15 +37,14 @@ def test_init_refuses_an_impossible_request():
 @pytest.mark.parametrize("backend", ["reference", pytest.param("nvidia", marks=pytest.mark.slow),
                                      pytest.param("mono", marks=pytest.mark.slow)])
 def test_forward_equals_the_reference(backend):
-    if backend == "mono":
-        pytest.importorskip("dsv41.amd.mono.launcher")
     layer = DSV41Attention("tiny", 2, 0, 1, backend=backend)
     layer.weights.dummy_load(4)
     sc = make_scenario(layer.dims, 1, 3, seed=9)
     ref = reference_step(layer.weights, sc.clone_caches())
     y = layer(sc.x, sc.positions, _metadata(sc))
     assert y.dtype == torch.bfloat16 and y.shape == ref.y.shape
-    assert ((y.float() - ref.y.float()).norm() / ref.y.float().norm()).item() < 1e-2
+    # measured: mono and nvidia at tp 2 equal the reference bit for bit (test_step_tolerances)
+    assert ((y.float() - ref.y.float()).norm() / ref.y.float().norm()).item() < 3e-3
 
 
 def test_forward_rejects_a_wrong_x():

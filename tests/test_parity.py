@@ -95,13 +95,14 @@ def test_cli_exits_nonzero_and_names_the_seam(monkeypatch, tmp_path, capsys):
         return real(name)
 
     monkeypatch.setattr(backends, "get", get)
-    monkeypatch.setattr(backends, "available", lambda tp, tokens, requested: ["nvidia"])
+    monkeypatch.setattr(backends, "available", lambda *args: ["nvidia"])
     out = tmp_path / "parity.json"
     rc = cli.main(["parity", "--config", "tiny", "--tp", "2", "--tokens", "2", "--json", str(out)])
     assert rc == 1
     assert "FAILED on seams: qkv" in capsys.readouterr().err
     report = json.loads(out.read_text())
     assert [c["seam"] for c in report["comparisons"] if not c["ok"]] == ["qkv"]
+    assert report["verdict"] == "failed" and report["failed_seams"] == ["qkv"]
 
 
 def test_the_main_job_is_green_on_cpu_for_every_backend(capsys):

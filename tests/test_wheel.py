@@ -1,6 +1,7 @@
 """The wheel ships the model and deployment configs: installed non-editable, ``dsv41 plan`` finds them."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +10,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_install_runs_plan_with_bundled_configs(tmp_path):
-    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    wheels, target, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    # Built from a copy: the build leaves no build/ or egg-info (nor stale modules) in the repo.
+    src.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", src / "pyproject.toml")
+    shutil.copytree(ROOT / "dsv41", src / "dsv41", ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(wheels)],
+    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", str(src), "-w", str(wheels)],
                    check=True, cwd=tmp_path, capture_output=True)  # fmt: skip
     (wheel,) = wheels.glob("dsv41-*.whl")
     subprocess.run(pip + ["install", "--no-deps", "--target", str(target), str(wheel)],

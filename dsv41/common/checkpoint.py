@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from dsv41.common.weights import (
@@ -39,6 +40,7 @@ from dsv41.config import HF_CONFIG, ModelConfig, load_model_config, read_hf_conf
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+SHARD_MODE = 0o644  # shards readable by the group and others, as the index and config.json are
 MODEL_KEY = "dsv41_model"  # index metadata: the model config the checkpoint was made for
 LAYER_NAME = re.compile(r"^(layers|mtp)\.(\d+)\.attn\.")
 SAFETENSORS_DTYPES = {
@@ -214,6 +216,7 @@ def synth_checkpoint(
                 tensors[name] = cached[1][name]
             weight_map[name] = file
         save_file(tensors, str(out / file), metadata={"format": "pt"})
+        os.chmod(out / file, SHARD_MODE)
     metadata = {"total_size": sum(sizes)}
     if like is None:
         metadata[MODEL_KEY] = m.name
@@ -225,18 +228,32 @@ def synth_checkpoint(
     return path
 
 
+def _safe_open(path: Path):
+    """``safe_open`` of one file; an unreadable or truncated file is a ``WeightLoadError``
+    naming it."""
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise WeightLoadError(f"{path}: expected a readable safetensors file, got: {e}") from None
+
+
 def _read_index(ckpt_dir: Path) -> tuple[dict[str, str], dict]:
     """``(weight_map name -> file, metadata)`` of a checkpoint directory."""
     index = ckpt_dir / INDEX_FILE
     if index.is_file():
-        raw = json.loads(index.read_text())
+        try:
+            raw = json.loads(index.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise WeightLoadError(f"{index}: expected a JSON index, got: {e}") from None
+        if not isinstance(raw, dict):
+            raise WeightLoadError(f"{index}: expected a JSON object, got {type(raw).__name__}")
         if not isinstance(raw.get("weight_map"), dict):
             got = raw.get("weight_map")
             raise WeightLoadError(f"{index}: expected a 'weight_map' mapping, got {got!r}")
         return raw["weight_map"], raw.get("metadata") or {}
     single = ckpt_dir / SINGLE_FILE
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
+        with _safe_open(single) as f:
             return dict.fromkeys(f.keys(), SINGLE_FILE), f.metadata() or {}
     raise WeightLoadError(f"{ckpt_dir}: expected {INDEX_FILE} or {SINGLE_FILE}, got neither")
 
@@ -254,7 +271,7 @@ def _open(ckpt_dir: Path, file: str, names: list[str]):
     path = ckpt_dir / file
     if not path.is_file():
         raise WeightLoadError(f"{names[0]}: expected in {path} (index), got no such file")
-    f = safe_open(str(path), framework="pt", device="cpu")
+    f = _safe_open(path)
     held = set(f.keys())
     for name in names:
         if name not in held:
@@ -272,7 +289,12 @@ def iter_checkpoint(
     for file, names in _by_file(weight_map, prefix).items():
         with _open(ckpt_dir, file, names) as f:
             for name in names:
-                yield name, f.get_tensor(name)
+                try:
+                    tensor = f.get_tensor(name)
+                except (SafetensorError, OSError) as e:
+                    raise WeightLoadError(f"{name}: expected readable in {ckpt_dir / file}, "
+                                          f"got: {e}") from None  # fmt: skip
+                yield name, tensor
 
 
 def checkpoint_model(ckpt_dir: str | Path, model: str | ModelConfig | None = None) -> ModelConfig:

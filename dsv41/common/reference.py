@@ -11,6 +11,7 @@ standard layout a reader expects: ``q`` and ``o`` are ``[M, heads, 512]``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
@@ -117,8 +118,9 @@ def reference_step(layer: LayerWeights, inputs: StepInputs) -> Seams:
     return Seams(x8=x8, qkv=qkv, qr=qr, kv=kv, q=q, lse=lse, o=o, xo=xo, z=z, y=y)
 
 
-def sum_rank_partials(partials: list[torch.Tensor]) -> torch.Tensor:
-    """The layer output: rank partials summed in fp32 in rank order, then bf16."""
+def sum_rank_partials(partials: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """The layer output: rank partials (a list, or stacked ``[tp, ...]`` as the distributed
+    reduce gathers them) summed in fp32 in rank order, then bf16."""
     total = torch.zeros_like(partials[0], dtype=torch.float32)
     for p in partials:
         total += p.float()

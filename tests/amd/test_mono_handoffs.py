@@ -11,6 +11,7 @@ that each load of data produced inside the launch asks for ``.cg``.
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import inspect
 
@@ -354,3 +355,86 @@ def test_plain_load_check_catches_a_plain_load() -> None:
         "    return tl.load(row + 2)\n"
     )
     assert _plain_loads_of_launch_data(source) == ["_task: tl.load(row + 2)"]
+
+
+# -- the model's waits are kernel.py's ------------------------------------------------------
+
+
+def _kernel_waits() -> dict[str, collections.Counter]:
+    """The mailboxes (by name, with multiplicity) each stage's branch of ``mono_kernel`` waits
+    on, read from kernel.py: its ``_wait`` calls and those of the functions it calls, a
+    mailbox pointer followed through arguments and assignments; of an ``if`` / ``else`` (or an
+    ``if`` that returns / the rest) the larger of the two."""
+    fns = {f.name: f for f in ast.parse(inspect.getsource(kernel_module)).body
+           if isinstance(f, ast.FunctionDef)}  # fmt: skip
+
+    def calls(node: ast.AST, bound: dict) -> collections.Counter:
+        out = collections.Counter()
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            name = ast.unparse(call.func)
+            if name == "_wait":
+                boxes = [bound[n] for n in sorted(_names(call.args[0])) if n in bound]
+                assert len(boxes) == 1, ast.unparse(call)
+                out[boxes[0]] += 1
+            elif name in fns:
+                params = [a.arg for a in fns[name].args.args]
+                inner = {}
+                for param, arg in [*zip(params, call.args),
+                                   *((k.arg, k.value) for k in call.keywords)]:  # fmt: skip
+                    for n in _names(arg) & bound.keys():
+                        inner[param] = bound[n]
+                if inner:
+                    out += block(fns[name].body, inner)
+        return out
+
+    def block(stmts: list[ast.stmt], bound: dict) -> collections.Counter:
+        bound, out = dict(bound), collections.Counter()
+        for i, st in enumerate(stmts):
+            if isinstance(st, ast.If) and isinstance(st.body[-1], ast.Return):  # or the rest
+                rest = block(st.orelse + stmts[i + 1 :], bound)
+                return out + calls(st.test, bound) + (block(st.body, bound) | rest)
+            if isinstance(st, ast.If):
+                out += calls(st.test, bound) + (block(st.body, bound) | block(st.orelse, bound))
+            elif isinstance(st, (ast.For, ast.While)):
+                out += block(st.body, bound) + block(st.orelse, bound)
+            else:
+                out += calls(st, bound)
+                if isinstance(st, ast.Assign):
+                    names = _names(st.value) & bound.keys()
+                    for n in (n for t in st.targets for n in _names(t)):
+                        if names:
+                            bound[n] = bound[sorted(names)[0]]
+                        else:
+                            bound.pop(n, None)
+        return out
+
+    kernel = fns["mono_kernel"]
+    boxes = {a.arg: a.arg[: -len("_ptr")] for a in kernel.args.args if a.arg.endswith("rdy_ptr")}
+    chain = next(n for n in ast.walk(kernel)
+                 if isinstance(n, ast.If) and ast.unparse(n.test) == "t < end_xq")  # fmt: skip
+    stages, node = {}, chain
+    while True:
+        stage = ast.unparse(node.test.comparators[0])[len("end_"):]
+        stages[stage] = block(node.body, boxes)
+        nxt = node.orelse[0] if len(node.orelse) == 1 else None
+        if isinstance(nxt, ast.If) and ast.unparse(nxt.test).startswith("t < end_"):
+            node = nxt
+        else:
+            stages["last"] = block(node.orelse, boxes)
+            return stages
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_model_waits_are_the_kernel_waits(tp: int) -> None:
+    """Each stage of the model waits on the mailboxes kernel.py's branch for it waits on, as
+    many times (a wait dropped or added in the kernel fails here)."""
+    plan = Plan(Dims.of("tiny", tp), 3)
+    model = Model(plan)
+    kernel = _kernel_waits()
+    names = [st.name for st in plan.stages]
+    assert list(kernel) == [*names[:-1], "last"], list(kernel)
+    kernel[names[-1]] = kernel.pop("last")
+    for stage in names:
+        want = {frozenset(collections.Counter(b for b, _ in t.waits).items())
+                for t in model.tasks if t.stage == stage}  # fmt: skip
+        assert want == {frozenset(kernel[stage].items())}, (stage, want, kernel[stage])

@@ -11,6 +11,7 @@ from dsv41.amd.mono.executor import ScheduleExecutor
 from dsv41.amd.mono.launcher import MonoRunner
 from dsv41.amd.mono.plan import CTL_EPOCH
 from dsv41.amd.mono.tuning import resolve
+from dsv41.common.platform import Platform
 from dsv41.common.rope import rope_tables
 from dsv41.common.scenario import make_scenario
 
@@ -79,6 +80,21 @@ def test_key_slices_match_executor_and_reference(
     runner = _against_executor_and_reference(tp, layer_id, tokens, 256, tiny_layer, run_mono,
                                              run_reference, {"key_slice": 16})  # fmt: skip
     assert (runner.plan.key_chunk, runner.plan.key_slice) == (32, 16)
+
+
+@pytest.mark.parametrize("tp, layer_id, tokens, hidden",
+                         [(4, 1, 1, 512), pytest.param(2, 2, 7, 512, marks=pytest.mark.slow)])
+def test_rocm_tuning_matches_executor_and_reference(
+    tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference
+) -> None:
+    """The tiles a ROCm node resolves (GEMV blocks of 128, 16-key slices, 4 waves) give the
+    executor's scratch and the reference's y: x runs in two K blocks a Wqkv half, not one."""
+    rocm = Platform("rocm", "gfx942")
+    runner = _against_executor_and_reference(tp, layer_id, tokens, hidden, tiny_layer, run_mono,
+                                             run_reference, {"platform": rocm})  # fmt: skip
+    plan = runner.plan
+    assert plan.tuning == resolve(plan.dims, tokens, platform=rocm) and plan.key_slice == 16
+    assert plan.tiling["BK_X"] == 128 and plan.xq_blocks == 2
 
 
 @pytest.mark.slow

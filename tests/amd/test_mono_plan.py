@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -36,6 +37,7 @@ from dsv41.amd.mono.tuning import (
     resolve,
     tail_k_block,
 )
+from dsv41.common.platform import Platform, current_platform, targeting
 from dsv41.common.fused_layout import permute_q_from_fused, permute_q_to_fused
 from dsv41.common.geometry import Dims
 from dsv41.common.reference import reference_step
@@ -214,6 +216,25 @@ def test_gemv_block_by_tokens() -> None:
     assert Plan(flash, 1).xq_blocks == 5 and Plan(flash, 48).xq_blocks == 10
     plan = Plan(flash, 1, tuning=resolve(flash, 1, gemv_block=256))
     assert plan.xq_blocks == 10 and plan.tiling["BK_QR"] == 256
+
+
+def test_rocm_takes_smaller_tiles_and_nvidia_keeps_its_own() -> None:
+    """On ROCm (the platform given, or the current one) 4 waves, 16-key slices and GEMV blocks of
+    128 at every token count; NVIDIA and the interpreter keep 8 warps, 32 keys, 512 / 256."""
+    flash = Dims.of("dsv41-flash", 4)
+    rocm, cuda = Platform("rocm", "gfx950"), Platform("cuda", "sm90")
+    for tokens in (1, 4, 16, 17, 48):
+        got, nv = resolve(flash, tokens, platform=rocm), resolve(flash, tokens, platform=cuda)
+        assert (got.num_warps, got.key_slice, got.gemv_block) == (4, 16, 128), got
+        assert (nv.num_warps, nv.key_slice) == (8, 32), nv
+        assert nv.gemv_block == (GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK)
+        assert dataclasses.replace(got, num_warps=8, key_slice=32, gemv_block=nv.gemv_block) == nv
+        if current_platform().kind != "rocm":  # the CPU (interpreter) resolves as NVIDIA
+            assert resolve(flash, tokens) == nv
+        with targeting(rocm):
+            assert Plan(flash, tokens).tuning == got
+            assert Plan(flash, tokens).tiling["BK_X"] == 128
+    assert resolve(flash, 1, platform=rocm, key_slice=32).key_slice == 32
 
 
 def test_cuda_cores_words_and_pairs_follow_the_token_count() -> None:

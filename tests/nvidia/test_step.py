@@ -60,15 +60,15 @@ def check_seams(layer, ref, got, ref_cache, got_cache) -> None:
     want_codes = permute_o_to_fused(codes32, model.heads_per_group).flatten(-2)[:, ::32]
     assert (xo_codes == want_codes).float().mean() >= 0.999
     want_xo = permute_o_to_fused(ref.xo[0].float(), model.heads_per_group).flatten(-2)
-    assert rel(xo_values.float(), want_xo) < 2e-2
+    assert rel(xo_values.float(), want_xo) < 6e-4  # measured <= 1.7e-4 (test_step_tolerances)
     finite = torch.isfinite(ref.lse)
     assert torch.equal(torch.isfinite(got["lse"]), finite)
     torch.testing.assert_close(got["lse"][finite], ref.lse[finite], rtol=1e-4, atol=1e-4)
-    assert rel(got["z"], ref.z.reshape(m, -1)) < 1e-2
+    assert rel(got["z"], ref.z.reshape(m, -1)) < 1.5e-3  # measured <= 4.1e-4
     want_z8 = mxfp8_quantize(got["z"])
     assert torch.equal(got["z8"][1], want_z8[1])
     assert torch.equal(got["z8"][0].view(torch.uint8), want_z8[0].view(torch.uint8))
-    assert rel(got["y"], ref.y) < 1e-2
+    assert rel(got["y"], ref.y) < 3e-3  # measured <= 9.0e-4
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ def test_runner_writes_preallocated_buffers(layer):
     assert got["y"].data_ptr() == runner.buffers.y.data_ptr()
     for name in ("qkv", "q", "z", "y"):
         assert torch.equal(got[name], want[name]), name
-    with pytest.raises(ValueError, match="max_tokens"):
+    with pytest.raises(ValueError, match=r"x: expected 1 <= M <= max_tokens = 4, got 5"):
         runner.load(dataclasses.replace(sc, x=torch.zeros(5, layer.dims.model.hidden,
                                                           dtype=torch.bfloat16)))
 
@@ -144,18 +144,18 @@ def test_runner_writes_preallocated_buffers(layer):
 def test_warmup_runs_each_entry_point_for_a_bucket(layer):
     seconds = warmup(layer, [2], fmt="fp8_mx")
     assert set(seconds) == {(v.name, 2) for v in REGISTRY if v.serves(layer, 2)}
-    with pytest.raises(ValueError, match="buckets"):
-        warmup(layer, [3])
+    with pytest.raises(ValueError, match=r"buckets: expected values from .*, got 3"):
+        warmup(layer, [3])  # not a bucket
 
 
 def test_bad_inputs_name_the_argument(layer):
     sc = make_scenario(layer.dims, LAYER_ID, 2, seed=0)
-    for name, bad in [
-        ("x", sc.x.float()),
-        ("key_table", sc.key_table.long()),
-        ("positions", sc.positions[:1]),
+    for name, bad, message in [
+        ("x", sc.x.float(), r"x: expected bfloat16 \[M, \d+\], got torch.float32"),
+        ("key_table", sc.key_table.long(), r"key_table: expected int32 \[2, KEYS\], got torch.int64"),
+        ("positions", sc.positions[:1], r"positions: expected int32 or int64 \[2\], got"),
     ]:
-        with pytest.raises(ValueError, match=name):
+        with pytest.raises(ValueError, match=message):
             nvidia_step(layer, dataclasses.replace(sc, **{name: bad}))
 
 

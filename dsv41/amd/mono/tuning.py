@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from dsv41.common.geometry import Dims
+from dsv41.common.platform import Platform, current_platform
 
 # K columns a GEMV step (and an xq task) covers at most: GEMV_BLOCK_FEW up to FEW_TOKENS tokens,
 # GEMV_BLOCK above. H200, tp 4, us a step at
@@ -39,6 +40,13 @@ PAIRS = True
 KEY_CHUNK = 64  # keys of an attention task (at most)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 NUM_WARPS = 8  # warps of a program (one program a multiprocessor); 16 was slower
+# On ROCm (gfx942, gfx950; compiled, never run): 4 waves a program, 16-key slices and GEMV
+# blocks of 128 columns compile without a VGPR spill at tp 2 and 4, 1 .. 48 tokens (docs/amd.md);
+# at 8 waves attention's lane-invariant shared-memory addresses, hoisted out of the persistent
+# loop, leave too few of 256 VGPRs a lane (26 spills or more, whatever the tiles).
+ROCM_NUM_WARPS = 4
+ROCM_KEY_SLICE = 16
+ROCM_GEMV_BLOCK = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +87,11 @@ class Tuning:
         return [(f.name, str(getattr(self, f.name))) for f in dataclasses.fields(self)]
 
 
-def resolve(dims: Dims, tokens: int, **changes) -> Tuning:
+def resolve(dims: Dims, tokens: int, platform: Platform | None = None, **changes) -> Tuning:
     """The measured choices for a step of ``tokens`` tokens at ``dims`` (the same at both tp
-    shares today), with ``changes`` (Tuning fields) applied."""
+    shares today) on ``platform`` (None: ``current_platform()``; ROCm takes the ``ROCM_*``
+    tiles), with ``changes`` (Tuning fields) applied."""
+    rocm = (platform or current_platform()).kind == "rocm"
     cores = tokens <= CORES_TOKENS
     base = Tuning(
         gemv_block=GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK,
@@ -94,6 +104,9 @@ def resolve(dims: Dims, tokens: int, **changes) -> Tuning:
         key_slice=KEY_SLICE,
         num_warps=NUM_WARPS,
     )
+    if rocm:
+        base = dataclasses.replace(base, gemv_block=ROCM_GEMV_BLOCK, key_slice=ROCM_KEY_SLICE,
+                                   num_warps=ROCM_NUM_WARPS)
     if "gemv_cores" in changes:  # words, pairs and the split follow the loop unless given
         cores = changes["gemv_cores"]
         changes = {"gemv_words": cores, "mma_split": 1 if cores else None, **changes}
