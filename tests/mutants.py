@@ -119,8 +119,9 @@ def run(mutation: Mutation) -> tuple[bool, float, str]:
             env=env, cwd=copy, capture_output=True, text=True,
         )  # fmt: skip
         seconds = time.perf_counter() - t0
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")]
-    lines = lines or [ln for ln in proc.stdout.splitlines() if ln.strip()]
+        stdout = proc.stdout.replace(os.path.relpath(ROOT, copy) + os.sep, "")
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("FAILED")]
+    lines = lines or [ln for ln in stdout.splitlines() if ln.strip()]
     # pytest exit 1: tests failed (caught); 5: none collected, anything else: an error
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{mutation.name}: pytest exited {proc.returncode}:\n"

@@ -10,7 +10,8 @@ Measured with ``run_step`` / ``step_errors`` (tests/step_helpers.py) over tp 2 a
   layer 0, M 2, where one o value lands on the other side of a bf16 tie: one e4m3 ulp of xo
   (rel 3.8e-6, codes all equal), z rel 6.4e-5, y still equal. (The y bound allows z's error
   twice over, as nvidia's y shows; a truncating y cast is off by rel 4e-3.)
-- nvidia: x8 (inside the GEMM), qkv, kv, q and the window cache equal bit for bit; lse within
+- nvidia: qkv, q and the window cache equal bit for bit (q but one value at tp 8), kv but
+  one bf16 ulp at layer 2 (YaRN RoPE; the record it stores still equal); lse within
   4.8e-7 (fp32, order of the sums). At tp 4 with M >= 2 one o value in a step can land on the
   other side of a bf16 tie (the attention's fp32 sums in another order): one e4m3 ulp of xo
   (rel <= 1.7e-4, codes all equal), which moves z by rel <= 4.1e-4 and y by rel <= 9.0e-4
@@ -34,7 +35,9 @@ BOUNDS = {
         "y": {"rel_l2": 4e-4},  # measured 0
     },
     "nvidia": {
-        **{s: EXACT for s in ("qkv", "kv", "q", "window")},
+        **{s: EXACT for s in ("qkv", "window")},
+        "kv": {"rel_l2": 2e-4},  # measured 5.0e-5 (tp 2, layer 2, M 3: one bf16 ulp), else 0
+        "q": {"rel_l2": 1e-7},  # measured 0 at tp 2 and 4; 2.7e-9 at tp 8 (one tiny value)
         "lse": {"max_abs": 2e-6},  # measured 4.8e-7
         "xo": {"rel_l2": 6e-4, "codes": 0.99},  # measured rel 1.7e-4 (one e4m3 ulp), codes 1.0
         "z": {"rel_l2": 1.5e-3},  # measured 4.1e-4
@@ -45,7 +48,7 @@ BOUNDS = {
 CASES = [  # backend, tp, layer, tokens, record format
     ("nvidia", 2, 1, 1, "fp8_ds_mla"),
     ("nvidia", 4, 1, 5, "fp8_ds_mla"),
-    pytest.param("nvidia", 4, 0, 2, "fp8_mx", marks=pytest.mark.slow),
+    ("nvidia", 4, 0, 2, "fp8_mx"),  # window-only layer
     pytest.param("nvidia", 2, 2, 3, "fp8_mx", marks=pytest.mark.slow),
     ("mono", 4, 0, 2, "fp8_ds_mla"),  # ~12 s on an idle 2-core CPU
     pytest.param("mono", 2, 1, 1, "fp8_ds_mla", marks=pytest.mark.slow),
