@@ -16,10 +16,17 @@ from torch import nn
 
 from dsv41 import backends
 from dsv41.backends import DEFAULT_MAX_TOKENS
+from dsv41.common import switches
 from dsv41.common.geometry import Dims
-from dsv41.common.kv_cache import PagedKVCache
+from dsv41.common.kv_cache import (
+    COMPRESSED_BLOCK,
+    FP8_DS_MLA,
+    PagedKVCache,
+    build_key_table,
+    window_slots,
+)
 from dsv41.common.platform import Platform, detect_platform
-from dsv41.common.step_inputs import StepInputs, check_step_inputs
+from dsv41.common.step_inputs import StepInputs, check_step_inputs, check_step_values
 from dsv41.common.weights import LayerWeights
 from dsv41.config import DeployConfig, ModelConfig, load_deploy_config, load_model_config
 
@@ -51,9 +58,12 @@ class DSV41Attention(nn.Module):
         device: torch.device | str | None = None,
         platform: Platform | None = None,
         warmup: bool = False,
+        validate: bool | None = None,
     ):
         """``max_tokens``: the most tokens a step will have (the backend is chosen for it and
-        ``warmup`` compiles up to it); ``warmup=True``: ``self.warmup()`` before returning."""
+        ``warmup`` compiles up to it); ``warmup=True``: ``self.warmup()`` before returning;
+        ``validate=True`` (None: ``DSV41_VALIDATE``): check the values of each step's inputs
+        before it runs, raising on the first bad one (a device sync a step; off when serving)."""
         super().__init__()
         cfg = model if isinstance(model, ModelConfig) else load_model_config(model)
         cfg.checkpoint_prefix(layer_id)  # refuses a layer id the model does not have
@@ -61,6 +71,7 @@ class DSV41Attention(nn.Module):
         self.platform = platform or detect_platform()
         self.backend, self.reason = backends.select(self.platform, tp, max_tokens, backend)
         self.max_tokens = max_tokens
+        self.validate = switches.validate() if validate is None else validate
         device = device or ("cuda" if self.platform.kind != "cpu" else "cpu")
         self.weights = LayerWeights(self.dims, rank, layer_id, device=device)
         chosen = backends.get(self.backend)
@@ -89,6 +100,36 @@ class DSV41Attention(nn.Module):
         capturing a CUDA graph), so no step compiles a kernel."""
         return backends.get(self.backend).warmup(self.weights, self.max_tokens)
 
+    def new_caches(
+        self, window_pages: int, compressed_rows: int = 0, *, fmt: str = FP8_DS_MLA.name,
+        device: torch.device | str | None = None,
+    ) -> tuple[PagedKVCache, PagedKVCache | None]:  # fmt: skip
+        """Empty ``(window_cache, compressed_cache)`` of this layer in record format ``fmt``
+        (fp8_ds_mla: every backend; fp8_mx: the nvidia backend, the SM100 family's): the window
+        cache ``window_pages`` pages of ``window_block`` tokens; the compressed one, on a
+        compressed layer, ``compressed_rows`` rows in pages of ``COMPRESSED_BLOCK`` (None on a
+        window-only layer)."""
+        m, device = self.dims.model, device or self.weights.wqkv.device
+        window = PagedKVCache(window_pages, m.window_block, fmt, device)
+        if not m.compress_ratios[self.weights.layer_id]:
+            return window, None
+        pages = -(-compressed_rows // COMPRESSED_BLOCK)
+        return window, PagedKVCache(pages, COMPRESSED_BLOCK, fmt, device)
+
+    def cache_metadata(
+        self, positions: torch.Tensor, block_tables: torch.Tensor, window_cache: PagedKVCache,
+        compressed_cache: PagedKVCache | None = None, topk: torch.Tensor | None = None,
+    ) -> CacheMetadata:  # fmt: skip
+        """A step's ``CacheMetadata`` from each token's position ``[M]`` and its sequence's
+        window-cache pages ``block_tables`` int32 ``[M, max_pages]``: the slot its record goes
+        to, and the key table (``topk`` int32 ``[M, TOPK]``: compressed rows, -1 for none, on a
+        compressed layer; then the window's last ``window`` positions, oldest first)."""
+        m = self.dims.model
+        slot_mapping = window_slots(positions[:, None], block_tables, m.window_block)[:, 0]
+        key_table = build_key_table(positions, block_tables, window=m.window, block=m.window_block,
+                                    topk=topk, keys=m.keys)  # fmt: skip
+        return CacheMetadata(slot_mapping, key_table, window_cache, compressed_cache)
+
     def load_weights(self, weights) -> set[str]:
         """Checkpoint ``(name, tensor)`` pairs of this layer, through the permuting loaders."""
         return self.weights.load_weights(weights)
@@ -99,6 +140,8 @@ class DSV41Attention(nn.Module):
         inputs = StepInputs(x, positions, c.slot_mapping, c.key_table, c.window_cache,
                             c.compressed_cache)  # fmt: skip
         check_step_inputs(self.weights, inputs)
+        if self.validate:
+            check_step_values(self.weights, inputs)
         if self._forward_limit and inputs.tokens > self._forward_limit:
             return self._large_forward(self.weights, inputs)
         return self._forward(self.weights, inputs)

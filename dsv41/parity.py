@@ -6,6 +6,10 @@ every pair is compared on each seam (x8, qkv, q, xo, z, y): max abs error,
 relative L2 error, cosine, and for MXFP8 seams the fraction of E8M0 codes that
 agree. A pair fails when a seam's relative error is over ``rel_tol`` or its code
 agreement is under ``code_agreement``.
+
+Bad values are part of parity (docs/bad_inputs.md): the ``y nan`` seam runs the step's
+first token again with a NaN in its x through every backend and compares the y rows, NaN
+for NaN, the rest by value (the contract's answer is a NaN row in every backend).
 """
 
 from __future__ import annotations
@@ -122,8 +126,10 @@ def run_parity(
     *,
     rel_tol: float = DEFAULT_REL_TOL,
     code_agreement: float = DEFAULT_CODE_AGREEMENT,
+    bad_values: bool = True,
 ) -> list[Comparison]:
-    """Run every backend on its own copy of the caches and compare each pair on each seam.
+    """Run every backend on its own copy of the caches and compare each pair on each seam
+    (``bad_values``: and on the ``y nan`` seam).
 
     ``backends`` maps a name to a step function ``step(layer, inputs)`` returning a dict of
     seams (``dsv41.backends.get(name).step``); the first entry is the
@@ -141,7 +147,33 @@ def run_parity(
                 comparisons.append(
                     compare(seam, (tested, base), results[tested][seam], results[base][seam], rel_tol, code_agreement)
                 )
+    if bad_values:
+        comparisons += nan_parity(layer, scenario, backends, rel_tol)
     return comparisons
+
+
+def nan_step(scenario: StepInputs) -> StepInputs:
+    """The scenario's first token alone, a NaN in its x (its caches copied)."""
+    x = scenario.x[:1].clone()
+    x[0, 0] = float("nan")
+    one = StepInputs(x, scenario.positions[:1], scenario.slot_mapping[:1], scenario.key_table[:1],
+                     scenario.window_cache, scenario.compressed_cache)  # fmt: skip
+    return one.clone_caches()
+
+
+def nan_parity(
+    layer: LayerWeights, scenario: StepInputs, backends: dict[str, StepFn], rel_tol: float
+) -> list[Comparison]:
+    """The ``y nan`` seam of every pair: y of ``nan_step`` the same in each backend (NaN where
+    the baseline has NaN, equal values elsewhere)."""
+    ys = {name: step(layer, nan_step(scenario))["y"].float().cpu() for name, step in backends.items()}
+    out = []
+    for base, tested in itertools.combinations(ys, 2):
+        a, b = ys[tested], ys[base]
+        c = compare("y nan", (tested, base), a.nan_to_num(0.0), b.nan_to_num(0.0), rel_tol, 0.0)
+        c.ok = c.ok and torch.equal(a.isnan(), b.isnan())
+        out.append(c)
+    return out
 
 
 def format_table(comparisons: list[Comparison]) -> str:

@@ -40,7 +40,7 @@ def setup():
 def test_identical_backends_agree_exactly(setup):
     lw, sc = setup
     results = run_parity(lw, sc, {"reference": _reference, "again": _reference})
-    assert {c.seam for c in results} == {"x8", "qkv", "q", "xo", "z", "y"}
+    assert {c.seam for c in results} == {"x8", "qkv", "q", "xo", "z", "y", "y nan"}
     for c in results:
         assert c.ok and c.max_abs == 0 and c.rel_l2 == 0
         assert c.code_agreement in (None, 1.0)
@@ -53,6 +53,21 @@ def test_a_perturbed_seam_fails_and_only_it(setup):
     assert failed == {"y"}
     bad = next(c for c in results if c.seam == "y")
     assert bad.pair == ("bad", "reference") and 0.03 < bad.rel_l2 < 0.07
+
+
+def test_a_backend_answering_nan_input_otherwise_fails_y_nan(setup):
+    """Bad values are part of parity: a backend whose y for a NaN in x differs from the
+    reference's (a zero row) fails the ``y nan`` seam, and only it."""
+    lw, sc = setup
+
+    def nan_as_ones(layer, inputs):
+        seams = _reference(layer, inputs)
+        bad = ~torch.isfinite(inputs.x).all(dim=1)
+        seams["y"] = torch.where(bad[:, None], 1.0, seams["y"].float()).to(torch.bfloat16)
+        return seams
+
+    results = run_parity(lw, sc, {"reference": _reference, "other": nan_as_ones})
+    assert {c.seam for c in results if not c.ok} == {"y nan"}
 
 
 def test_code_disagreement_fails_an_mx_seam():
@@ -96,4 +111,5 @@ def test_the_main_job_is_green_on_cpu_for_every_backend(capsys):
     out = capsys.readouterr().out
     for pair in ("nvidia vs reference", "mono vs reference", "mono vs nvidia"):
         assert pair in out
-    assert "FAIL" not in out and "parity ok: 16 comparisons" in out
+    assert "FAIL" not in out and "parity ok: 19 comparisons" in out  # 16 seams, 3 of "y nan"
+    assert out.count("y nan ") == 3

@@ -22,7 +22,7 @@ import dataclasses
 
 import torch
 
-from dsv41.common.mx import E4M3, E8M0_BIAS, e4m3_saturate, e8m0_code, e8m0_scale, pow2
+from dsv41.common.mx import E4M3, E8M0_BIAS, E8M0_NAN, e4m3_saturate, e8m0_code, e8m0_scale, pow2
 
 KV_DIM = 512
 NOPE_DIM = 448
@@ -30,6 +30,7 @@ ROPE_DIM = 64
 COMPRESSED_FLAG = 1 << 31  # key-table bit marking a compressed-cache row
 SLOT_MASK = (1 << 31) - 1
 NONE = -1
+COMPRESSED_BLOCK = 64  # tokens a page of the compressed cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,9 @@ def _quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
     blocks = x.float().reshape(x.shape[0], -1, group)
     codes = e8m0_code(blocks.abs().amax(dim=-1))
     inv = pow2(E8M0_BIAS - codes.int())
-    return e4m3_saturate(blocks * inv.unsqueeze(-1)).reshape(x.shape[0], -1), codes
+    values = e4m3_saturate(blocks * inv.unsqueeze(-1)).float()
+    values = torch.where((codes == E8M0_NAN).unsqueeze(-1), float("nan"), values).to(E4M3)
+    return values.reshape(x.shape[0], -1), codes
 
 
 def pack_records(kv: torch.Tensor, fmt: str | RecordFormat) -> torch.Tensor:

@@ -34,7 +34,15 @@ from dsv41.common.kv_cache import (
     RecordFormat,
     record_format,
 )
-from dsv41.common.mx import E4M3_MAX, e4m3_round_tl, e8m0_code_tl, e8m0_inv_scale_tl, e8m0_scale_tl
+from dsv41.common.mx import (
+    E4M3_MAX,
+    amax_tl,
+    e4m3_nan_bits_tl,
+    e4m3_round_tl,
+    e8m0_code_tl,
+    e8m0_inv_scale_tl,
+    e8m0_scale_tl,
+)
 
 FMT_DS_MLA = tl.constexpr(0)  # fp8_ds_mla: split pages, bf16 rope dims
 FMT_MX = tl.constexpr(1)  # fp8_mx: contiguous records, all dims e4m3
@@ -168,10 +176,11 @@ def store_record_tl(cache_ptr, slots, kv, num_slots, BLOCK_TOKENS: tl.constexpr,
     d = tl.arange(0, _KV_DIM)
     g = tl.arange(0, NG)
     blocks = tl.reshape(kv, (R, NG, GROUP))
-    code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
+    code = e8m0_code_tl(amax_tl(blocks))
     scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
     scaled = e4m3_round_tl(tl.minimum(tl.maximum(scaled, -_E4M3_MAX), _E4M3_MAX))
     fp8 = tl.reshape(scaled, (R, _KV_DIM)).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    fp8 = e4m3_nan_bits_tl(fp8, code, R, _KV_DIM, GROUP)
     if FMT == FMT_DS_MLA:
         is_nope = d < _NOPE_DIM
         tl.store(

@@ -2,7 +2,9 @@
 
 ``code = clamp(ceil(log2(amax / 448)) + 127, 0, 254)``, ``scale = 2^(code - 127)``,
 ``value = e4m3(clamp(x / scale, -448, 448))``; a block whose amax is 0 gets code 0
-and zeros. The code is computed from the bits of amax, not from a float log2,
+and zeros; a block holding a NaN or an Inf gets E8M0's NaN code 255, its values e4m3 NaN
+and its scale NaN, so the block dequantizes to NaN in torch and in every kernel alike
+(docs/bad_inputs.md). The code is computed from the bits of amax, not from a float log2,
 so it is exact at every power-of-two boundary: with ``amax = 1.m * 2^(e - 127)``
 and ``448 = 1.75 * 2^8``, ``code = e - 8 + (1.m > 1.75)``. The torch functions
 here are the reference; the ``@triton.jit`` helpers at the bottom are the same
@@ -18,20 +20,22 @@ import triton.language as tl
 MX_BLOCK = 32  # values sharing one E8M0 code
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 E8M0_BIAS = 127
-E8M0_MAX_CODE = 254  # 255 is E8M0's NaN
+E8M0_MAX_CODE = 254  # largest finite code
+E8M0_NAN = 255  # E8M0's NaN: the code of a block holding a NaN or an Inf
 E4M3 = torch.float8_e4m3fn
 _F32_MANT_BITS = 23
 _MANT_1_75 = 0x600000  # mantissa bits of 1.75 (448 = 1.75 * 2^8)
 
 
 def e8m0_code(amax: torch.Tensor) -> torch.Tensor:
-    """``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` as uint8, exactly; amax 0 -> 0."""
+    """``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` as uint8, exactly; amax 0 -> 0;
+    amax NaN or Inf -> 255 (E8M0's NaN)."""
     bits = amax.float().abs().contiguous().view(torch.int32)
     exp = (bits >> _F32_MANT_BITS) & 0xFF
     mant = bits & ((1 << _F32_MANT_BITS) - 1)
     code = exp - 8 + (mant > _MANT_1_75).int()
-    code = torch.where(exp == 0xFF, E8M0_MAX_CODE, code)  # inf / nan saturate
-    return code.clamp(0, E8M0_MAX_CODE).to(torch.uint8)
+    code = torch.where(exp == 0xFF, E8M0_NAN, code.clamp(0, E8M0_MAX_CODE))  # inf / nan
+    return code.to(torch.uint8)
 
 
 def pow2(exponent: torch.Tensor) -> torch.Tensor:
@@ -40,8 +44,8 @@ def pow2(exponent: torch.Tensor) -> torch.Tensor:
 
 
 def e8m0_scale(codes: torch.Tensor) -> torch.Tensor:
-    """``2^(code - 127)`` in fp32."""
-    return pow2(codes.int() - E8M0_BIAS)
+    """``2^(code - 127)`` in fp32; NaN for code 255."""
+    return torch.where(codes == E8M0_NAN, float("nan"), pow2(codes.int() - E8M0_BIAS))
 
 
 def e4m3_saturate(x: torch.Tensor) -> torch.Tensor:
@@ -58,6 +62,7 @@ def mxfp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = e8m0_code(blocks.abs().amax(dim=-1))
     inv_scale = pow2(E8M0_BIAS - codes.int())
     values = e4m3_saturate(blocks * inv_scale.unsqueeze(-1))
+    values = torch.where((codes == E8M0_NAN).unsqueeze(-1), float("nan"), values.float()).to(E4M3)
     return values.reshape(x.shape), codes
 
 
@@ -138,19 +143,20 @@ def dequantize_weight(values: torch.Tensor, row_codes: torch.Tensor) -> torch.Te
 
 @triton.jit
 def e8m0_code_tl(amax):
-    """E8M0 code of fp32 ``amax`` (>= 0) from its bits, int32 in [0, 254]."""
+    """E8M0 code of fp32 ``amax`` (>= 0) from its bits, int32 in [0, 254]; 255 (NaN) for an
+    amax NaN or Inf (read from the bits: a float max may drop a NaN, its bits do not lie)."""
     bits = amax.to(tl.int32, bitcast=True)
     exp = (bits >> 23) & 0xFF
     mant = bits & 0x7FFFFF
     code = exp - 8 + (mant > 0x600000).to(tl.int32)
-    code = tl.where(exp == 0xFF, 254, code)
-    return tl.minimum(tl.maximum(code, 0), 254)
+    return tl.where(exp == 0xFF, 255, tl.minimum(tl.maximum(code, 0), 254))
 
 
 @triton.jit
 def e8m0_scale_tl(code):
-    """``2^(code - 127)`` as fp32 from an int32 code in [0, 254] (code 0 is the subnormal 2^-127)."""
-    bits = tl.where(code > 0, code << 23, 0x400000)
+    """``2^(code - 127)`` as fp32 from an int32 code in [0, 254] (code 0 is the subnormal 2^-127);
+    NaN for code 255."""
+    bits = tl.where(code > 0, tl.where(code == 255, 0x7FC00000, code << 23), 0x400000)
     return bits.to(tl.float32, bitcast=True)
 
 
@@ -196,6 +202,30 @@ def e4m3_round_tl(x):
 
 
 @triton.jit
+def amax_tl(blocks):
+    """``max |v|`` over the last axis of ``blocks``, as the max of the magnitudes' int32 bits: a
+    NaN or an Inf (exponent bits all ones) wins, whatever NaN rule the float max follows."""
+    bits = tl.max(tl.abs(blocks).to(tl.int32, bitcast=True), axis=2)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def nan_blocks_tl(values, code):
+    """``values [R, B, 32]`` with every block whose code is 255 (NaN or Inf in it) made NaN, as
+    ``mxfp8_quantize`` does (a saturating cast or a float min / max may not keep a NaN)."""
+    return tl.where((code == 255)[:, :, None], float("nan"), values)
+
+
+@triton.jit
+def e4m3_nan_bits_tl(bits, code, ROWS: tl.constexpr, COLS: tl.constexpr, GROUP: tl.constexpr):
+    """uint8 e4m3 ``bits [ROWS, COLS]`` with the blocks (``GROUP`` values a code) of code 255 set
+    to 0x7F, e4m3's NaN as torch writes it (the interpreter's cast of a NaN gives another byte)."""
+    nan = tl.reshape(tl.broadcast_to((code == 255)[:, :, None], (ROWS, COLS // GROUP, GROUP)),
+                     (ROWS, COLS))  # fmt: skip
+    return tl.where(nan, 0x7F, bits).to(tl.uint8)
+
+
+@triton.jit
 def _mx_scaled_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr, HW: tl.constexpr):
     """fp32 ``x [ROWS, COLS]`` -> (its e4m3 values as exact fp32 [ROWS, COLS // 32, 32], int32
     codes [ROWS, COLS // 32]). ``HW`` (the GPU only): the round is the hardware's fp32 -> e4m3
@@ -203,18 +233,21 @@ def _mx_scaled_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr, HW: tl.constexpr):
     the same values as ``e4m3_round_tl``'s ~10 steps a value (which the interpreter needs: its
     own cast drops a carry)."""
     blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
-    code = e8m0_code_tl(tl.max(tl.abs(blocks), axis=2))
+    code = e8m0_code_tl(amax_tl(blocks))
     scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
     if HW:
-        return scaled.to(tl.float8e4nv).to(tl.float32), code
-    return e4m3_round_tl(tl.minimum(tl.maximum(scaled, -448.0), 448.0)), code
+        values = scaled.to(tl.float8e4nv).to(tl.float32)
+    else:
+        values = e4m3_round_tl(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
+    return nan_blocks_tl(values, code), code
 
 
 @triton.jit
 def mx_quantize_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     """fp32 ``x [ROWS, COLS]`` -> (e4m3 values [ROWS, COLS], int32 codes [ROWS, COLS // 32])."""
     scaled, code = _mx_scaled_tl(x, ROWS, COLS, False)
-    return tl.reshape(scaled, (ROWS, COLS)).to(tl.float8e4nv), code
+    bits = tl.reshape(scaled, (ROWS, COLS)).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return e4m3_nan_bits_tl(bits, code, ROWS, COLS, 32).to(tl.float8e4nv, bitcast=True), code
 
 
 @triton.jit

@@ -19,7 +19,7 @@ from dsv41.common.fused_layout import permute_o_to_fused, permute_q_from_fused
 from dsv41.common.kv_cache import gather_keys
 from dsv41.common.mx import dequantize_weight, mxfp8_dequantize, mxfp8_quantize
 from dsv41.common.rope import apply_inverse_rope, apply_rope, rope_tables
-from dsv41.common.step_inputs import StepInputs
+from dsv41.common.step_inputs import StepInputs, check_compressed_cache
 from dsv41.common.weights import LayerWeights
 
 
@@ -68,12 +68,12 @@ def attention_core(
 
     ``q [M, H, D]``, ``keys [M, K, D]`` (V = K), ``valid bool [M, K]``, ``sink
     fp32 [H]`` (-inf: no sink, +inf: all weight to the sink). A token with no
-    valid key gets ``o = 0`` and ``lse = -inf``.
+    valid key gets ``o = 0`` and ``lse = -inf``; a NaN score (a NaN / Inf in x) gives NaN.
     """
     s = torch.einsum("mhd,mkd->mhk", q.float(), keys.float()) * scale
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # -inf where no key is valid
-    has_key = torch.isfinite(lse)
+    has_key = lse != float("-inf")  # NaN (a NaN score) flows into o, as torch's softmax
     p = torch.exp(s - torch.where(has_key, lse, 0.0)[..., None])
     o = torch.einsum("mhk,mkd->mhd", p, keys.float())
     gate = torch.sigmoid(lse - sink.float())  # 1 / (1 + exp(sink - lse))
@@ -83,7 +83,11 @@ def attention_core(
 
 def reference_step(layer: LayerWeights, inputs: StepInputs) -> Seams:
     """One decode step of one rank; inserts the new records into ``window_cache`` at
-    ``slot_mapping`` (``StepInputs`` says what each input holds; docs/design.md §4)."""
+    ``slot_mapping`` (``StepInputs`` says what each input holds; docs/design.md §4). Bad values
+    as every backend takes them (docs/bad_inputs.md): a slot of -1 or outside the cache stores
+    nothing, a position outside ``[0, max_position)`` turns nothing, a key-table entry outside
+    its cache is no key, a NaN / Inf in a token's x gives that token a NaN y row."""
+    check_compressed_cache(layer, inputs.compressed_cache)
     x, positions, window_cache = inputs.x, inputs.positions, inputs.window_cache
     dims, m = layer.dims, layer.dims.model
     n_tok = x.shape[0]
@@ -94,7 +98,9 @@ def reference_step(layer: LayerWeights, inputs: StepInputs) -> Seams:
     qr = rmsnorm(qkv[:, : m.q_rank], layer.q_norm, m.eps)
     kv = rmsnorm(qkv[:, m.q_rank :], layer.kv_norm, m.eps)
     kv = apply_rope(kv, positions, cos, sin, m.nope_dim)
-    window_cache.insert(inputs.slot_mapping, kv)
+    slots = inputs.slot_mapping.long()
+    store = (slots >= 0) & (slots < window_cache.num_slots)  # -1 or outside: stores nothing
+    window_cache.insert(slots[store], kv[store])
 
     q_fused = mx_linear(mxfp8_quantize(qr), layer.wq_b, layer.wq_b_scale)
     q = permute_q_from_fused(q_fused, dims.heads, m.head_dim)

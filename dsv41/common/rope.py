@@ -54,19 +54,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float, 
     return out.to(x.dtype)
 
 
-def _broadcast(table: torch.Tensor, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    rows = table[positions.long()]  # [M, pairs]
+def _broadcast(table: torch.Tensor, positions: torch.Tensor, x: torch.Tensor, outside: float) -> torch.Tensor:
+    """Each token's row of ``table``, ``outside`` for a position outside ``[0, max_position)``
+    (cos 1, sin 0: no turn, as the kernels do; docs/bad_inputs.md)."""
+    pos = positions.long()
+    inside = (pos >= 0) & (pos < table.shape[0])
+    rows = torch.where(inside[:, None], table[pos.clamp(0, table.shape[0] - 1)], outside)  # [M, pairs]
     return rows.view(rows.shape[0], *([1] * (x.dim() - 2)), rows.shape[1])
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, nope: int) -> torch.Tensor:
-    """``x [M, ..., D]``: pairs of dims ``nope..`` turned forward by each token's position; fp32 math, x's dtype out."""
-    return _rotate(x, _broadcast(cos, positions, x), _broadcast(sin, positions, x), 1.0, nope)
+    """``x [M, ..., D]``: pairs of dims ``nope..`` turned forward by each token's position (a
+    position outside the tables: not turned); fp32 math, x's dtype out."""
+    return _rotate(x, _broadcast(cos, positions, x, 1.0), _broadcast(sin, positions, x, 0.0), 1.0, nope)
 
 
 def apply_inverse_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, nope: int) -> torch.Tensor:
     """Undo ``apply_rope``: ``v0' = v0 c + v1 s``, ``v1' = v1 c - v0 s``."""
-    return _rotate(x, _broadcast(cos, positions, x), _broadcast(sin, positions, x), -1.0, nope)
+    return _rotate(x, _broadcast(cos, positions, x, 1.0), _broadcast(sin, positions, x, 0.0), -1.0, nope)
 
 
 @triton.jit

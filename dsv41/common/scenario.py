@@ -14,10 +14,8 @@ import dataclasses
 import torch
 
 from dsv41.common.geometry import Dims
-from dsv41.common.kv_cache import PagedKVCache, build_key_table, window_slots
+from dsv41.common.kv_cache import COMPRESSED_BLOCK, PagedKVCache, build_key_table, window_slots
 from dsv41.common.step_inputs import StepInputs
-
-COMPRESSED_BLOCK = 64  # tokens a page of the compressed cache
 
 
 @dataclasses.dataclass(frozen=True)

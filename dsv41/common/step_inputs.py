@@ -5,8 +5,10 @@ Every step function of the project has the signature ``step(layer, inputs)``:
 the reference, each backend's step and forward, the mono launcher and its
 schedule executor. ``check_step_inputs`` reads shapes, dtypes and devices only,
 never a value, so it costs no device sync and runs on every call. Value checks
-(positions in range, slots, key-table entries) sync, so backends run them
-behind a flag (mono's ``validate``).
+(x finite, positions in range, slots, key-table entries) sync, so
+``check_step_values`` runs only when asked (``DSV41Attention(validate=True)``,
+``DSV41_VALIDATE=1``); what each backend does with a bad value otherwise is one contract
+(docs/bad_inputs.md).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 
 import torch
 
-from dsv41.common.kv_cache import PagedKVCache
+from dsv41.common.kv_cache import PagedKVCache, decode_key_table
 from dsv41.common.weights import LayerWeights
 
 INDEX_DTYPES = (torch.int32, torch.int64)  # positions and slot_mapping
@@ -54,6 +56,14 @@ def clone_cache(cache: PagedKVCache) -> PagedKVCache:
     return copy
 
 
+def check_compressed_cache(layer: LayerWeights, compressed_cache: PagedKVCache | None) -> None:
+    """A compressed layer's step needs its compressed cache: ``ValueError`` naming it if None."""
+    ratio = layer.dims.model.compress_ratios[layer.layer_id]
+    if ratio and compressed_cache is None:
+        raise ValueError(f"compressed_cache: layer {layer.layer_id} is compressed (ratio {ratio}); "
+                         f"expected a PagedKVCache, got None")  # fmt: skip
+
+
 def check_step_inputs(layer: LayerWeights, inputs: StepInputs) -> int:
     """Raise ``ValueError`` / ``TypeError`` naming the first bad field; return M.
 
@@ -86,6 +96,7 @@ def check_step_inputs(layer: LayerWeights, inputs: StepInputs) -> int:
             name == "compressed_cache" and cache is None
         ):
             raise TypeError(f"{name}: expected a PagedKVCache, got {type(cache).__name__}")
+    check_compressed_cache(layer, compressed_cache)
     tensors = {"x": x, "positions": positions, "slot_mapping": slot_mapping,
                "key_table": key_table, "window_cache": window_cache.data}  # fmt: skip
     if compressed_cache is not None:
@@ -95,3 +106,40 @@ def check_step_inputs(layer: LayerWeights, inputs: StepInputs) -> int:
         if t.device != device:
             raise ValueError(f"{name}: expected a tensor on the weights' {device}, got {t.device}")
     return m
+
+
+def _first(bad: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
+def check_step_values(layer: LayerWeights, inputs: StepInputs) -> None:
+    """Raise ``ValueError`` naming the argument, the index and the bound of the first bad value
+    (docs/bad_inputs.md): x not finite, a position outside ``[0, max_position)``, a slot
+    neither -1 nor in the window cache, a key-table entry neither -1 nor inside its cache.
+    Reads values: one device sync."""
+    m = layer.dims.model
+    finite = torch.isfinite(inputs.x)
+    if not bool(finite.all()):
+        t, d = _first(~finite)
+        raise ValueError(f"x[{t}, {d}]: expected a finite value, got {float(inputs.x[t, d])}")
+    pos = inputs.positions
+    bad = (pos < 0) | (pos >= m.max_position)
+    if bool(bad.any()):
+        (t,) = _first(bad)
+        raise ValueError(f"positions[{t}]: expected 0 <= position < max_position = "
+                         f"{m.max_position}, got {int(pos[t])}")  # fmt: skip
+    slots, n = inputs.slot_mapping, inputs.window_cache.num_slots
+    bad = (slots < -1) | (slots >= n)
+    if bool(bad.any()):
+        (t,) = _first(bad)
+        raise ValueError(f"slot_mapping[{t}]: expected -1 (padding) or 0 <= slot < {n} (the "
+                         f"window cache's slots), got {int(slots[t])}")  # fmt: skip
+    comp = inputs.compressed_cache
+    comp_n = 0 if comp is None else comp.num_slots
+    is_comp, slot, valid = decode_key_table(inputs.key_table, n, comp_n)
+    bad = ~valid & (inputs.key_table != -1)
+    if bool(bad.any()):
+        t, k = _first(bad)
+        which, size = ("compressed", comp_n) if bool(is_comp[t, k]) else ("window", n)
+        raise ValueError(f"key_table[{t}, {k}]: expected -1 or a {which} slot < {size} (the "
+                         f"{which} cache's slots), got {which} slot {int(slot[t, k])}")  # fmt: skip

@@ -43,6 +43,12 @@ def pdl() -> bool | None:
     return env_flag("DSV41_PDL", None)
 
 
+def validate() -> bool:
+    """``$DSV41_VALIDATE``: every layer checks the values of a step's inputs before it runs (1),
+    as ``DSV41Attention(validate=True)`` does; off (0, the default) on the serving path."""
+    return bool(env_flag("DSV41_VALIDATE", False))
+
+
 def use_interpreter_without_gpu() -> None:
     """Run Triton kernels in the interpreter unless told otherwise (the CLI on a CPU-only
     machine); must happen before triton decorates them."""

@@ -34,11 +34,12 @@ E4M3_MIN_NORMAL = 2.0**-6
 
 
 def code_formula(amax: float) -> int:
-    """``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` in python floats; amax 0 -> 0."""
+    """``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` in python floats; amax 0 -> 0; Inf or NaN
+    -> 255 (E8M0's NaN, docs/bad_inputs.md)."""
     if amax == 0:
         return 0
-    if math.isinf(amax):
-        return 254
+    if math.isinf(amax) or math.isnan(amax):
+        return 255
     return min(max(math.ceil(math.log2(amax / 448.0)) + 127, 0), 254)
 
 
@@ -59,7 +60,7 @@ def _amax_cases() -> list[float]:
 def test_code_exact_points() -> None:
     got = e8m0_code(torch.tensor([0.0, 448.0, 449.0, math.inf, F32_MAX, 1e-40, 896.0, 897.0]))
     assert got.dtype == torch.uint8
-    assert got.tolist() == [0, 127, 128, 254, 247, 0, 128, 129]
+    assert got.tolist() == [0, 127, 128, 255, 247, 0, 128, 129]
 
 
 def test_code_matches_formula() -> None:

@@ -609,10 +609,11 @@ def _combine(
     m_all = tl.load(pstat_ptr + rows * 2, mask=live, other=float("-inf"), cache_modifier=".cg")
     l_all = tl.load(pstat_ptr + rows * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
     top = tl.max(m_all, axis=0)
-    has_key = top > float("-inf")
-    top = tl.where(has_key, top, 0.0)
-    w_all = tl.where(m_all > float("-inf"), l_all * tl.exp(m_all - top[None, :]), 0.0)
+    top = tl.where(top > float("-inf"), top, 0.0)
+    # A chunk without a valid key has sum 0 exactly; a NaN score's NaN sum flows into o.
+    w_all = tl.where(l_all == 0.0, 0.0, l_all * tl.exp(m_all - top[None, :]))
     norm = tl.sum(w_all, axis=0)
+    has_key = norm != 0.0
     o = tl.zeros((HEAD_TILE_, DIMS), tl.float32)
     row = s * CHUNKS * HEADS_P + h
     o_next = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None], other=0.0,

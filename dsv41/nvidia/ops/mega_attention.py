@@ -181,7 +181,7 @@ def _epilogue_tl(
     layout; lse stored by the programs holding dim 0. ``sink`` (the heads' sink logits) and ``(c,
     s)`` (``_rope_angles_tl`` of these dims) are read before the PDL wait: no step kernel writes
     them. ``HW`` (the GPU): the bf16 round is the hardware's cast."""
-    has_key = l_i > 0.0
+    has_key = l_i != 0.0  # 0 exactly without a valid key; NaN (a NaN score) flows on
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * _LN2, -float("inf"))
     gate = 1.0 / (1.0 + tl.exp(sink - lse))
     o = acc * tl.where(has_key, gate / tl.where(has_key, l_i, 1.0), 0.0)[:, None]
