@@ -44,8 +44,8 @@ MUTATIONS = (
     ),
     Mutation(
         "inverse_rope_forward", "dsv41/common/rope.py",
-        "_broadcast(sin, positions, x), -1.0, nope)",
-        "_broadcast(sin, positions, x), 1.0, nope)",
+        "_broadcast(sin, positions, x, 0.0), -1.0, nope)",
+        "_broadcast(sin, positions, x, 0.0), 1.0, nope)",
         ("tests/test_step_cases.py::test_reference_matches_float64_recomputation",),
         "the reference's inverse RoPE turns o forward again",
     ),

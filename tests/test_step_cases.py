@@ -22,6 +22,7 @@ from test_step_tolerances import BOUNDS
 from dsv41.common.geometry import Dims
 from dsv41.common.reference import reference_step, sum_rank_partials
 from dsv41.common.scenario import make_scenario
+from dsv41.common.step_inputs import clone_cache
 from dsv41.common.weights import LayerWeights
 from dsv41.config import load_model_config
 from dsv41.layer import CacheMetadata, DSV41Attention
@@ -216,3 +217,52 @@ def test_mono_layer_runs_a_prefill_step_on_the_nvidia_path():
               CacheMetadata(sc.slot_mapping, sc.key_table, sc.window_cache, sc.compressed_cache))
     rel = float((y.float() - want.float()).norm() / want.float().norm())
     assert rel <= BOUNDS["nvidia"]["y"]["rel_l2"], rel
+
+
+# -- the bad-value contract (docs/bad_inputs.md) on hand-written inputs ----------------------
+
+
+def bad_value_step(lw: LayerWeights):
+    """``hand_written_step`` with token 1 a padding token (slot -1: its record at 48 stays the
+    old one), token 4's slot past the window cache (nothing stored), token 0 at a position past
+    the RoPE tables (no turn) and a NaN in token 2's x (its y row NaN, and token 3's, which
+    reads token 2's new record)."""
+    inputs = hand_written_step(lw, seed=21)
+    slots = inputs.slot_mapping.clone()
+    slots[1], slots[4] = -1, inputs.window_cache.num_slots + 3
+    positions = inputs.positions.clone()
+    positions[0] = lw.dims.model.max_position + 5
+    x = inputs.x.clone()
+    x[2, 7] = float("nan")
+    return dataclasses.replace(inputs, slot_mapping=slots, positions=positions, x=x)
+
+
+BAD_VALUE_CASES = [("nvidia", 2, 1), ("mono", 4, 0)]  # 3 s and 14 s
+
+
+@pytest.mark.parametrize("backend,tp,layer_id", BAD_VALUE_CASES)
+def test_bad_values_give_the_contract_answer(layers, backend, tp, layer_id):
+    lw = layers(tp, layer_id)
+    inputs = bad_value_step(lw)
+    ref = run_step("reference", lw, inputs)
+    y = ref.seams["y"]
+    assert torch.isnan(y[2]).all() and torch.isnan(y[3]).all()
+    assert torch.isfinite(y[[0, 1, 4]]).all()
+    cache = clone_cache(inputs.window_cache)
+    slots = torch.arange(cache.num_slots)
+    records = cache.read(slots)
+    cache.data = ref.window
+    after = cache.read(slots)
+    assert torch.equal(after[48], records[48])  # the padding token stored nothing
+    changed = (after != records).any(-1).nonzero().flatten().tolist()
+    assert changed == [26, 60, 61], changed  # tokens 0, 2 and 3 only
+    got = run_step(backend, lw, inputs)
+    bounds = {k: v for k, v in BOUNDS[backend].items() if k != "window"}
+    assert_within(step_errors(got, ref), bounds)
+    cache.data = got.window  # every record equal, token 2's NaN one as a NaN (sign free)
+    mine = cache.read(slots)
+    assert torch.equal(torch.cat([mine[:60], mine[61:]]), torch.cat([after[:60], after[61:]]))
+    nan_got, nan_ref = cache.dequantize(slots[60:61]), clone_cache(cache)
+    nan_ref.data = ref.window
+    assert torch.equal(torch.isnan(nan_got), torch.isnan(nan_ref.dequantize(slots[60:61])))
+    assert bool(torch.isnan(nan_got).any())
