@@ -83,18 +83,21 @@ def test_key_slices_match_executor_and_reference(
 
 
 @pytest.mark.parametrize("tp, layer_id, tokens, hidden",
-                         [(4, 1, 1, 512), pytest.param(2, 2, 7, 512, marks=pytest.mark.slow)])
+                         [(4, 1, 1, 512), (4, 2, 3, 512),
+                          pytest.param(2, 2, 7, 512, marks=pytest.mark.slow)])
 def test_rocm_tuning_matches_executor_and_reference(
     tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference
 ) -> None:
-    """The tiles a ROCm node resolves (GEMV blocks of 128, 16-key slices, 4 waves) give the
-    executor's scratch and the reference's y: x runs in two K blocks a Wqkv half, not one."""
+    """The tiles a ROCm node resolves (GEMV blocks of 128, 16-key slices, weight words at one
+    token only, 4 waves) give the executor's scratch and the reference's y: x runs in two K
+    blocks a Wqkv half, not one; 3 tokens on CUDA cores byte by byte."""
     rocm = Platform("rocm", "gfx942")
     runner = _against_executor_and_reference(tp, layer_id, tokens, hidden, tiny_layer, run_mono,
                                              run_reference, {"platform": rocm})  # fmt: skip
     plan = runner.plan
     assert plan.tuning == resolve(plan.dims, tokens, platform=rocm) and plan.key_slice == 16
     assert plan.tiling["BK_X"] == 128 and plan.xq_blocks == 2
+    assert plan.tiling["GEMV_WORDS"] == (tokens == 1)
 
 
 @pytest.mark.slow

@@ -40,8 +40,9 @@ PAIRS = True
 KEY_CHUNK = 64  # keys of an attention task (at most)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 NUM_WARPS = 8  # warps of a program (one program a multiprocessor); 16 was slower
-# On ROCm (gfx942, gfx950; compiled, never run): 4 waves a program, 16-key slices and GEMV
-# blocks of 128 columns compile without a VGPR spill at tp 2 and 4, 1 .. 48 tokens (docs/amd.md);
+# On ROCm (gfx942, gfx950; compiled, never run): 4 waves a program, 16-key slices, GEMV blocks
+# of 128 columns and weight words at one token only (2 .. 4 tokens in words: 98 VGPR spills on
+# gfx950 at tp 4) compile without a VGPR spill at tp 2 and 4, 1 .. 48 tokens (docs/amd.md);
 # at 8 waves attention's lane-invariant shared-memory addresses, hoisted out of the persistent
 # loop, leave too few of 256 VGPRs a lane (26 spills or more, whatever the tiles).
 ROCM_NUM_WARPS = 4
@@ -93,10 +94,11 @@ def resolve(dims: Dims, tokens: int, platform: Platform | None = None, **changes
     tiles), with ``changes`` (Tuning fields) applied."""
     rocm = (platform or current_platform()).kind == "rocm"
     cores = tokens <= CORES_TOKENS
+    words = lambda cores: cores and not (rocm and tokens > 1)  # noqa: E731
     base = Tuning(
         gemv_block=GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK,
         gemv_cores=cores,
-        gemv_words=cores,
+        gemv_words=words(cores),
         gemv_pairs=PAIRS and tokens == 1 and cores,
         mma_split=1 if cores else None,
         woa_parts=WOA_K_PARTS,
@@ -109,7 +111,7 @@ def resolve(dims: Dims, tokens: int, platform: Platform | None = None, **changes
                                    num_warps=ROCM_NUM_WARPS)
     if "gemv_cores" in changes:  # words, pairs and the split follow the loop unless given
         cores = changes["gemv_cores"]
-        changes = {"gemv_words": cores, "mma_split": 1 if cores else None, **changes}
+        changes = {"gemv_words": words(cores), "mma_split": 1 if cores else None, **changes}
         changes.setdefault("gemv_pairs", PAIRS and tokens == 1 and changes["gemv_words"])
     elif "gemv_words" in changes:
         changes.setdefault("gemv_pairs", PAIRS and tokens == 1 and changes["gemv_words"])
