@@ -212,3 +212,21 @@ def test_validate_is_off_by_default_and_on_with_the_switch(monkeypatch):
     monkeypatch.setenv("DSV41_VALIDATE", "yes")
     with pytest.raises(ValueError, match="DSV41_VALIDATE: expected 0 or 1, got 'yes'"):
         DSV41Attention("tiny", 2, 1, LAYER, backend="reference")
+
+
+def test_mono_schedule_executor_follows_the_contract(layer):
+    """The torch executor of mono's schedule answers bad values as the kernel and the reference."""
+    from dsv41.amd.mono.executor import ScheduleExecutor
+    from dsv41.amd.mono.plan import Plan
+    from dsv41.common.rope import rope_tables
+
+    bad, _ = _bad_step(layer)
+    ref = reference_step(layer, bad.clone_caches()).y
+    plan = Plan(layer.dims, 4)
+    y = torch.empty_like(bad.x)
+    cos, sin = rope_tables(layer.dims.model, LAYER)
+    ScheduleExecutor(plan, layer, cos, sin).run(plan.new_scratch(epoch=1), bad.clone_caches(), y)
+    other = [0, NO_SLOT, OUTSIDE]
+    assert y[NAN_TOKEN].isnan().all() and not y[other].isnan().any()
+    rel = (y[other].float() - ref[other].float()).norm() / ref[other].float().norm()
+    assert rel <= 1e-2, rel

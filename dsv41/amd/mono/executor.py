@@ -94,8 +94,10 @@ class ScheduleExecutor:
     def _rotate(self, t: torch.Tensor, pair0: int, pos: torch.Tensor, inverse: bool):
         """fp32 GPT-J pairs of ``t [..., 2 n]`` turned by pair indices ``pair0 ..`` at ``pos``."""
         n = t.shape[-1] // 2
-        c = self.cos[pos][..., pair0 : pair0 + n]
-        s = self.sin[pos][..., pair0 : pair0 + n]
+        inside = ((pos >= 0) & (pos < self.cos.shape[0]))[..., None]  # else no turn, as the kernel
+        at = pos.clamp(0, self.cos.shape[0] - 1)
+        c = torch.where(inside, self.cos[at][..., pair0 : pair0 + n], 1.0)
+        s = torch.where(inside, self.sin[at][..., pair0 : pair0 + n], 0.0)
         if inverse:
             s = -s
         v0, v1 = t[..., 0::2], t[..., 1::2]
@@ -179,10 +181,11 @@ class ScheduleExecutor:
         hs = slice(heads.start, heads.stop)
         mx, total = self.r["pstat"][s, :, hs].unbind(-1)  # [chunks, h]
         top = mx.amax(dim=0)
-        has_key = torch.isfinite(top)
-        top = torch.where(has_key, top, 0.0)
-        weight = torch.where(torch.isfinite(mx), total * torch.exp(mx - top), 0.0)
+        top = torch.where(top > float("-inf"), top, 0.0)
+        # A chunk without a valid key has sum 0 exactly; a NaN score's NaN sum flows into o.
+        weight = torch.where(total == 0, 0.0, total * torch.exp(mx - top))
         norm = weight.sum(dim=0)
+        has_key = norm != 0
         o = (weight[..., None] * self.r["part"][s, :, hs].float()).sum(dim=0)
         o = o / torch.where(has_key, norm, 1.0)[:, None]
         lse = top + torch.log(norm)
