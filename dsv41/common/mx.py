@@ -169,10 +169,11 @@ def e8m0_inv_scale_tl(code):
 
 @triton.jit
 def bf16_round_tl(x):
-    """fp32 ``x`` rounded to nearest-even bf16, kept fp32 (the interpreter's cast truncates)."""
+    """fp32 ``x`` rounded to nearest-even bf16, kept fp32 (the interpreter's cast truncates); a
+    NaN stays NaN (the GPU's NaN 0x7FFFFFFF would carry into the sign bit and become -0.0)."""
     bits = x.to(tl.int32, bitcast=True)
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
-    return ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, ((bits >> 16) << 16).to(tl.float32, bitcast=True))
 
 
 @triton.jit

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from dsv41.common.mx import (
     E4M3,
+    bf16_round_tl,
     block_to_row_scales,
     dequantize_weight,
     e4m3_round_tl,
@@ -260,3 +261,23 @@ def test_e4m3_round_tl_matches_torch_cast() -> None:
     want = x.to(E4M3).float()
     assert torch.equal(out, want)
     assert torch.equal(cast, want)
+
+
+@triton.jit
+def _bf16_round_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, bf16_round_tl(tl.load(x_ptr + i, mask=i < N, other=0.0)), mask=i < N)
+
+
+def test_bf16_round_tl_keeps_every_nan_and_rounds_to_nearest_even() -> None:
+    """Random values against torch's bf16 cast, and NaN in the encodings a GPU produces
+    (0x7FFFFFFF, its canonical NaN, and 0xFFFFFFFF), not only the interpreter's 0x7FC00000:
+    the integer rounding once carried 0x7FFFFFFF into the sign bit and gave -0.0."""
+    vals = torch.randn(200, generator=torch.Generator().manual_seed(6)) * 1e3
+    nans = torch.tensor([0x7FFFFFFF, -1, 0x7FC00000, 0x7F800001], dtype=torch.int32).view(torch.float32)
+    x = torch.cat([vals, nans, torch.tensor([math.inf, -math.inf, 3.3895e38])])
+    out = torch.empty_like(x)
+    _bf16_round_kernel[(1,)](x, out, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    assert out[200:204].isnan().all(), out[200:204]
+    finite = torch.cat([vals, x[204:]])
+    assert torch.equal(torch.cat([out[:200], out[204:]]), finite.bfloat16().float())
