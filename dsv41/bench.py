@@ -12,8 +12,13 @@ bandwidth measured in the same run by a large device-to-device copy (read + writ
 time). The eager reference (``reference_step`` on the same GPU tensors) is timed with fewer
 repeats. Figures go to BENCHMARKS.md.
 
-    dsv41 bench --backend nvidia,mono --config dsv41-flash --tp 4 \\
+    dsv41 bench --backend nvidia,mono,torch --config dsv41-flash --tp 4 \\
         --tokens 1,2,4,8,16,32,48 --json bench.json --plot bench.png
+
+``--backend torch`` is the stock peer (``dsv41/peer.py``, bench only): the step from stock
+PyTorch parts, ``torch._scaled_mm`` FP8 GEMMs with row-wise scales, keys gathered through the key
+table, a torch softmax with the sink, captured in the same graph; each other row's
+``x torch`` is its speed-up over it.
 
 (``python benchmarks/bench_layer.py`` takes the same arguments.)
 """
@@ -31,6 +36,9 @@ from dsv41.argtypes import HelpFormatter, int_at_least, new_file
 from dsv41.backends import NAMES
 from dsv41.common.geometry import TP_SIZES
 
+PEER = "torch"  # the stock peer's name (dsv41/peer.py): a bench row, not a serving backend
+BACKENDS = (*NAMES, PEER)
+
 L2_BYTES = 60 * 2**20  # H200 L2: the weights of the layers in a graph must exceed it
 L2_MARGIN = 2.5  # weights in a graph >= this many L2s, so no replay finds them cached
 COPY_BYTES = 2 * 2**30  # the bandwidth probe's buffer
@@ -44,7 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dsv41 bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("--backend", default="nvidia",
-                   help="comma-separated backends: nvidia, mono, reference")
+                   help="comma-separated backends: nvidia, mono, reference, torch (the stock "
+                   "peer: torch._scaled_mm FP8 GEMMs with row-wise scales, gathered keys, a torch "
+                   "softmax attention; bench only)")
     p.add_argument("--config", default="dsv41-flash", help="model config name or YAML path")
     p.add_argument("--tp", type=int, choices=TP_SIZES, default=4,
                    help="tensor-parallel size; rank --rank's share is timed")
@@ -65,8 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="write a PNG of us/step against M (needs matplotlib)")
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
-    if not args.backends or any(b not in NAMES for b in args.backends):
-        p.error(f"argument --backend: expected names from {NAMES}, got {args.backend!r}")
+    if not args.backends or any(b not in BACKENDS for b in args.backends):
+        p.error(f"argument --backend: expected names from {BACKENDS}, got {args.backend!r}")
     if args.rank >= args.tp:
         p.error(f"argument --rank: expected 0 <= rank < --tp = {args.tp}, got {args.rank}")
     try:
@@ -114,9 +124,13 @@ def compressed_layer(config: str, tp: int, seed: int, device: str = "cuda"):
 
 def step_function(backend: str):
     """``step(layer, inputs)`` of a backend: its enqueue-only, graph-capturable launch
-    (``dsv41.backends``), or why it cannot be had."""
+    (``dsv41.backends``; the stock peer's step for ``torch``), or why it cannot be had."""
     from dsv41 import backends
 
+    if backend == PEER:
+        from dsv41.peer import TorchPeer
+
+        return TorchPeer()
     try:
         return backends.get(backend).launch
     except ImportError as e:
@@ -270,20 +284,30 @@ def run(args: argparse.Namespace) -> list[dict]:
                 "record_format": RECORD_FORMAT,
             })
     progress(total, total, "done")
+    add_peer_ratios(rows)
     return rows
+
+
+def add_peer_ratios(rows: list[dict]) -> None:
+    """Each timed row's ``speedup_vs_torch``: the stock peer's us/step at its M over its own."""
+    peer = {r["tokens"]: r["us_per_step"] for r in rows if r["backend"] == PEER and "error" not in r}
+    for r in rows:
+        if "error" not in r and r["tokens"] in peer:
+            r["speedup_vs_torch"] = peer[r["tokens"]] / r["us_per_step"]
 
 
 def format_table(rows: list[dict]) -> str:
     head = (f"{'backend':<10} {'M':>4} {'us/step':>9} {'floor us':>9} {'x floor':>8} "
-            f"{'ref us':>9} {'x faster':>9}")
+            f"{'ref us':>9} {'x faster':>9} {'x torch':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['backend']:<10} {r['tokens']:>4}  {r['error']}")
             continue
+        peer = f"{r['speedup_vs_torch']:>8.1f}" if "speedup_vs_torch" in r else ""
         lines.append(f"{r['backend']:<10} {r['tokens']:>4} {r['us_per_step']:>9.1f} "
                      f"{r['floor_us']:>9.1f} {r['ratio_to_floor']:>8.2f} {r['reference_us']:>9.1f} "
-                     f"{r['speedup_vs_reference']:>9.1f}")
+                     f"{r['speedup_vs_reference']:>9.1f} {peer}".rstrip())
     return "\n".join(lines)
 
 

@@ -45,3 +45,10 @@ def test_one_module_reads_the_environment() -> None:
         if "os.environ" in path.read_text() or "getenv" in path.read_text()
     )
     assert readers == ["common/switches.py"], readers
+
+
+def test_the_stock_peer_imports_common_only() -> None:
+    """The bench's stock peer is built from stock parts and the package's common code, never a
+    backend's kernels."""
+    ours = {name for name in _imports(PACKAGE / "peer.py") if name.startswith("dsv41")}
+    assert ours and all(name.startswith("dsv41.common") for name in ours), sorted(ours)

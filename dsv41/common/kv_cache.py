@@ -164,6 +164,30 @@ class PagedKVCache:
         """fp32 ``[N, 512]`` keys at ``slots [N]``."""
         return unpack_records(self.read(slots), self.fmt)
 
+    def _row_views(self) -> list[torch.Tensor]:
+        """Views of the pages' rows: ``[pages, block, data_bytes]``, then (fp8_ds_mla) the
+        scale rows ``[pages, block, 8]``."""
+        data_end = self.block * self.fmt.data_bytes
+        views = [self.data[:, :data_end].view(-1, self.block, self.fmt.data_bytes)]
+        if self.fmt.split_page:
+            views.append(self.data[:, data_end:].view(-1, self.block, DS_MLA_SCALE_ROW))
+        return views
+
+    def gather_records(self, slots: torch.Tensor) -> torch.Tensor:
+        """uint8 records ``[N, record_bytes]`` at ``slots [N]``, which must lie inside the cache:
+        unchecked, so no host sync and a CUDA graph can capture it (``read`` checks)."""
+        page, row = slots.long() // self.block, slots.long() % self.block
+        return torch.cat([v[page, row] for v in self._row_views()], dim=1)
+
+    def scatter_records(self, slots: torch.Tensor, records: torch.Tensor) -> None:
+        """Store uint8 ``records [N, record_bytes]`` at ``slots [N]`` inside the cache, unchecked
+        as ``gather_records``."""
+        page, row = slots.long() // self.block, slots.long() % self.block
+        start = 0
+        for v in self._row_views():
+            v[page, row] = records[:, start : start + v.shape[-1]]
+            start += v.shape[-1]
+
 
 def window_slots(positions: torch.Tensor, block_tables: torch.Tensor, block: int) -> torch.Tensor:
     """Cache slot of each (token, position): ``block_tables[t, pos // block] * block + pos % block``.
