@@ -9,6 +9,9 @@
 #                                                       (BACKEND: nvidia (default), mono, or both
 #                                                       comma-separated; both take two calls' time)
 #   bash benchmarks/gpu_session.sh trace                where a mono step's time goes, per stage
+#   bash benchmarks/gpu_session.sh stream [BACKEND]     tp 4, M = 1, 4, 16, 48: each stage's TB/s
+#                                                       against cuBLAS FP8, the copy and a one-launch
+#                                                       reference (benchmarks/stream.py)
 #   bash benchmarks/gpu_session.sh ncu                  hardware counters at tp 4, M = 1
 #
 # BENCHMARKS.md holds the figures these modes gave and the command behind each table.
@@ -58,8 +61,14 @@ tables() {
   for tp in 4 2; do
     timeout 290 python3 -m dsv41.cli bench --config dsv41-flash --backend "$backend" --tp "$tp" \
       --tokens "$TOKENS" --reference-repeats 1 --json "$OUT/bench_${backend/,/_}_tp$tp.json" 2>&1 \
-      | grep -E "^(nvidia|mono) |layers of|needs a CUDA" | sed "s/^/tp $tp: /" | tee -a "$OUT/tables.txt"
+      | grep -E "^(nvidia|mono|torch) |layers of|needs a CUDA" | sed "s/^/tp $tp: /" | tee -a "$OUT/tables.txt"
   done
+}
+
+stream() {
+  local backend=${1:-nvidia}
+  timeout 500 python3 benchmarks/stream.py --backend "$backend" --tp 4 --tokens 1,4,16,48 \
+    --json "$OUT/stream_${backend}_tp4.json" 2>&1 | tee "$OUT/stream_$backend.txt" | tail -60
 }
 
 trace() {
@@ -94,6 +103,6 @@ ncu() {
 }
 
 case "$what" in
-  tests | parity | tables | trace | ncu) header; "$what" "$@" ;;
-  *) sed -n '2,14p' "$0"; exit 2 ;;
+  tests | parity | tables | stream | trace | ncu) header; "$what" "$@" ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
 esac

@@ -104,6 +104,14 @@ def copy_bandwidth() -> float:
     return 2 * COPY_BYTES / statistics.median(times)
 
 
+def floor_seconds(w_bytes: int, tokens: int, model, bandwidth: float) -> float:
+    """The step's floor (docs/design.md §8): ``(weight bytes + M x KEYS x record bytes) / copy
+    bandwidth``."""
+    from dsv41.common.kv_cache import record_format
+
+    return (w_bytes + tokens * model.keys * record_format(RECORD_FORMAT).record_bytes) / bandwidth
+
+
 def weight_bytes(layer) -> int:
     """Bytes of a rank's kernel-visible parameters (e4m3, scales, norms, sinks)."""
     return sum(p.numel() * p.element_size() for p in layer.parameters())
@@ -260,7 +268,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     total, done = len(args.tokens) * len(args.backends), 0
     for m in args.tokens:
         scenarios = graph_scenarios(dims, layers, m)
-        floor = (w_bytes + m * model.keys * record_bytes) / bandwidth
+        floor = floor_seconds(w_bytes, m, model, bandwidth)
         ref = time_eager(reference, layers[0], scenarios[0].clone_caches(), args.reference_repeats)
         for backend, step in steps.items():
             progress(done, total, f"{backend} M={m}")

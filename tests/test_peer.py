@@ -3,6 +3,8 @@ y near the reference's (a different quantization: row-wise e4m3), its record sto
 gather equal to the package's, its weights the checkpoint's in the standard layouts, its
 attention equal to the reference's attention core to bf16 rounding."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from dsv41.peer import (
     _store_records,
     dequantized_linear,
     fp8_linear,
+    peer_step,
     rowwise_e4m3,
     rowwise_weight,
     sink_attention,
@@ -162,3 +165,24 @@ def test_speedup_against_the_peer_is_set_beside_each_row():
     bench.add_peer_ratios(rows)
     assert rows[0]["speedup_vs_torch"] == 12.0 and rows[1]["speedup_vs_torch"] == 1.0
     assert "12.0" in bench.format_table(rows).splitlines()[2]
+
+
+def test_peer_step_reads_no_value_on_the_host():
+    """The step on meta tensors (which hold no values, so any host read of one raises): it
+    never syncs, which is what lets the bench capture it in a CUDA graph."""
+    dims, layer = _layer(2, 1, seed=0)
+    sc = make_scenario(dims, 1, 4, seed=1)
+    w = PeerWeights.build(layer)
+    layer.to("meta")
+
+    def meta(pair):
+        return tuple(t.to("meta") for t in pair)
+
+    w = PeerWeights(wqkv=meta(w.wqkv), wq_b=meta(w.wq_b), wo_a=tuple(meta(g) for g in w.wo_a),
+                    wo_b=meta(w.wo_b))  # fmt: skip
+    for cache in (sc.window_cache, sc.compressed_cache):
+        cache.data = cache.data.to("meta")
+    on_meta = dataclasses.replace(sc, **{f: getattr(sc, f).to("meta") for f in
+                                         ("x", "positions", "slot_mapping", "key_table")})  # fmt: skip
+    y = peer_step(layer, on_meta, w)
+    assert y.device.type == "meta" and y.shape == sc.x.shape

@@ -1,0 +1,369 @@
+"""Each stage of a backend's layer step in effective TB/s, beside the copy rate, cuBLAS FP8 on each
+projection's shape and a one-launch streaming reference (GPU).
+
+Every figure comes from a CUDA graph over the bench's layers (``dsv41.bench.graph_layers``: the
+model's layers, weights past the L2), the median replay over the layer count:
+
+- nvidia, per M: each launch of the step (wqkv, norm, wq_b, attention, combine, wo_a, wo_b, as the
+  step makes them) timed alone, the step's other launches left out of the graph, with its bytes
+  (weights + codes; records read; split partials read) and TB/s; then the whole step as
+  ``dsv41 bench`` times it. mono: the whole step only (one launch).
+- cuBLAS FP8 per projection (``torch._scaled_mm``, e4m3 [N, K] weights and row-wise fp32 scales,
+  one weight copy a layer), beside our stage: ``x cuBLAS`` = ours / cuBLAS (below 0.5: twice as
+  fast). wo_a runs as one [groups * o_rank, 8 * 512] GEMM: its bytes in one launch.
+- The floor (``dsv41.bench``'s), and the copy rate: a device-to-device copy of the step's weight
+  bytes, one buffer a layer, read + write bytes over its time.
+- The reference: the four projections' weight and code bytes of each layer (concatenated) read in
+  one launch by ``stream_kernel`` (32 x 512 chunks, 3 programs a SM, loads pipelined across
+  chunks), bytes only: the rate a one-launch step could stream at.
+
+    python benchmarks/stream.py --backend nvidia --tp 4 --tokens 1,4,16,48 --json stream.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41.argtypes import HelpFormatter, int_at_least, new_file
+from dsv41.bench import (
+    RECORD_FORMAT,
+    copy_bandwidth,
+    floor_seconds,
+    graph_layers,
+    graph_scenarios,
+    replay_seconds,
+    step_function,
+    time_graph,
+    weight_bytes,
+)
+from dsv41.common.geometry import TP_SIZES
+from dsv41.common.kv_cache import decode_key_table, record_format
+from dsv41.common.mx import E4M3, MX_BLOCK
+
+BACKENDS = ("nvidia", "mono")
+REPLAYS = 30
+GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")  # the nvidia step's mx_gemm launches, in order
+WEIGHTS = {"wqkv": ("wqkv", "wqkv_scale"), "wq_b": ("wq_b", "wq_b_scale"),
+           "wo_a": ("wo_a", "wo_a_scale"), "wo_b": ("wo_b", "wo_b_scale")}  # fmt: skip
+CHUNK_ROWS, CHUNK_COLS = 32, 512  # the reference's chunk: 32 x 512 bytes, 512 B of codes
+PROGRAMS_PER_SM = 3  # three programs a SM stream 2.4x one (shared/probes/README.md)
+STREAM_CONFIGS = ((3, 4), (3, 8), (4, 4), (4, 8))  # (pipeline stages, warps); the best is shown
+MX: tl.constexpr = tl.constexpr(MX_BLOCK)  # weight bytes a code byte covers
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="stream.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)  # fmt: skip
+    p.add_argument("--backend", choices=BACKENDS, default="nvidia",
+                   help="nvidia: every launch alone and the step; mono: the step")
+    p.add_argument("--config", default="dsv41-flash", help="model config name or YAML path")
+    p.add_argument("--tp", type=int, choices=TP_SIZES, default=4, help="tensor-parallel size")
+    p.add_argument("--rank", type=int_at_least(0), default=0, help="TP rank timed (below --tp)")
+    p.add_argument("--tokens", default="1,4,16,48", help="comma-separated token counts M")
+    p.add_argument("--layers", type=int_at_least(1), default=None,
+                   help="layers in a graph (default: dsv41 bench's)")
+    p.add_argument("--replays", type=int_at_least(1), default=REPLAYS, help="graph replays timed")
+    p.add_argument("--json", type=new_file, default=None, help="write the results here")
+    args = p.parse_args(argv)
+    if args.rank >= args.tp:
+        p.error(f"argument --rank: expected 0 <= rank < --tp = {args.tp}, got {args.rank}")
+    try:
+        args.tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    except ValueError:
+        p.error(f"argument --tokens: expected comma-separated ints, got {args.tokens!r}")
+    if not args.tokens or min(args.tokens) < 1:
+        p.error(f"argument --tokens: expected token counts >= 1, got {args.tokens}")
+    from dsv41 import backends
+
+    for m in args.tokens:
+        why = backends.limits(args.backend).refusal(args.tp, m)
+        if why:
+            p.error(f"argument --tokens: {args.backend} cannot run tp {args.tp} with {m} tokens: "
+                    f"{why}")  # fmt: skip
+    return args
+
+
+# ----------------------------------------------------------------------------------------------
+# One launch of the step at a time
+
+
+class _Launch:
+    """Stands in for a kernel of the nvidia step's modules: notes each launch's label in
+    ``launches.seen`` and launches the real kernel only if its index in the step is kept."""
+
+    def __init__(self, kernel, label: str, launches: StepLaunches):
+        self.kernel, self.label, self.launches = kernel, label, launches
+
+    def __getitem__(self, grid):
+        index = len(self.launches.seen)
+        self.launches.seen.append(self.label)
+        if self.launches.keep is None or index in self.launches.keep:
+            return self.kernel[grid]
+        return lambda *args, **kwargs: None
+
+    def __getattr__(self, name: str):  # warmup, run, ...: the real kernel's
+        return getattr(self.kernel, name)
+
+
+class StepLaunches:
+    """While entered, the nvidia step's kernels launch through ``_Launch``: ``step(layer, inputs)``
+    runs only the launches whose index is in ``keep`` (None: all) and lists every launch's stage
+    name in ``stages``."""
+
+    def __init__(self, step):
+        self.step, self.keep, self.seen = step, None, []
+
+    @staticmethod
+    def _sites():
+        from dsv41.nvidia.ops import mega_attention, mx_gemm, norm_rope_insert
+
+        return [(mx_gemm, "mx_gemm_kernel", "gemm"),
+                (norm_rope_insert, "norm_rope_insert_kernel", "norm"),
+                (mega_attention, "mega_attention_kernel", "attention"),
+                (mega_attention, "mega_attention_combine_kernel", "combine")]  # fmt: skip
+
+    def __enter__(self) -> StepLaunches:
+        self._real = [(mod, name, getattr(mod, name)) for mod, name, _ in self._sites()]
+        for (mod, name, kernel), (_, _, label) in zip(self._real, self._sites()):
+            setattr(mod, name, _Launch(kernel, label, self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for mod, name, kernel in self._real:
+            setattr(mod, name, kernel)
+
+    def __call__(self, layer, inputs):
+        self.seen = []
+        return self.step(layer, inputs)
+
+    @property
+    def stages(self) -> list[str]:
+        """The last step's launches by stage: GEMMs named by site, in the step's order."""
+        gemms = iter(GEMM_SITES)
+        return [next(gemms) if label == "gemm" else label for label in self.seen]
+
+
+def stage_bytes(stage: str, layer, inputs, partial_bytes: int) -> int | None:
+    """What a stage must move: a GEMM its weights and codes, attention the records its key
+    table names, the combine the split partials (``partial_bytes``); the norm: None (activations
+    only)."""
+    if stage in WEIGHTS:
+        return sum(getattr(layer, n).numel() * getattr(layer, n).element_size()
+                   for n in WEIGHTS[stage])  # fmt: skip
+    if stage == "attention":
+        comp = inputs.compressed_cache
+        valid = decode_key_table(inputs.key_table, inputs.window_cache.num_slots,
+                                 0 if comp is None else comp.num_slots)[2]  # fmt: skip
+        return int(valid.sum()) * inputs.window_cache.fmt.record_bytes
+    if stage == "combine":
+        return partial_bytes
+    return None
+
+
+def partials_bytes(dims, tokens: int, device) -> int:
+    """Bytes of attention's split partials the combine reads: fp32 o and (max, sum) a head and
+    split."""
+    from dsv41.nvidia.tuning import tuning_for
+
+    splits = tuning_for(dims, device, tokens).attention.splits
+    return 0 if splits == 1 else tokens * dims.heads * splits * (dims.model.head_dim + 2) * 4
+
+
+# ----------------------------------------------------------------------------------------------
+# cuBLAS FP8, the copy and the one-launch reference
+
+
+def cublas_seconds(n: int, k: int, tokens: int, copies: int, replays: int) -> float:
+    """Median seconds of one ``torch._scaled_mm`` of ``tokens`` x ``k`` e4m3 by a [n, k] e4m3
+    weight, row-wise fp32 scales, bf16 out; ``copies`` weights in turn."""
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    ws = [torch.randn(n, k, device="cuda", generator=gen).to(E4M3) for _ in range(copies)]
+    w_scales = [torch.rand(1, n, device="cuda", generator=gen) + 0.5 for _ in range(copies)]
+    a = torch.randn(tokens, k, device="cuda", generator=gen).to(E4M3)
+    a_scale = torch.rand(tokens, 1, device="cuda", generator=gen) + 0.5
+
+    def run():
+        for w, s in zip(ws, w_scales):
+            torch._scaled_mm(a, w.t(), scale_a=a_scale, scale_b=s, out_dtype=torch.bfloat16)
+
+    return replay_seconds(run, replays) / copies
+
+
+def copy_seconds(nbytes: int, copies: int, replays: int) -> float:
+    """Median seconds of one device-to-device copy of ``nbytes``, ``copies`` buffers in turn."""
+    src = torch.empty(copies, nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return replay_seconds(lambda: [dst[i].copy_(src[i]) for i in range(copies)], replays) / copies
+
+
+@triton.jit
+def stream_kernel(w_ptr, codes_ptr, out_ptr, chunks, PROGRAMS: tl.constexpr, ROWS: tl.constexpr,
+                  COLS: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """Reads ``chunks`` chunks of ROWS x COLS weight bytes and their ROWS x COLS / 32 code bytes
+    (chunk i's codes at byte i * ROWS * COLS / 32), program p taking chunks p, p + PROGRAMS, ...;
+    ``out[p, r]`` = the int32 sum of its row r's bytes, so nothing read is dead."""
+    pid = tl.program_id(0)
+    rows = tl.arange(0, ROWS)
+    acc = tl.zeros([ROWS], dtype=tl.int32)
+    for i in tl.range(pid, chunks, PROGRAMS, num_stages=STAGES):
+        base = i * (ROWS * COLS)  # int32: a layer's buffer is far below 2 GiB
+        w = tl.load(w_ptr + base + rows[:, None] * COLS + tl.arange(0, COLS)[None, :])
+        codes = tl.load(codes_ptr + base // MX + rows[:, None] * (COLS // MX)
+                        + tl.arange(0, COLS // MX)[None, :])  # fmt: skip
+        acc += tl.sum(w.to(tl.int32), axis=1) + tl.sum(codes.to(tl.int32), axis=1)
+    tl.store(out_ptr + pid * ROWS + rows, acc)
+
+
+def stream_buffers(layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights, codes)`` uint8: a layer's four projections' e4m3 bytes end to end, padded with
+    zeros to whole chunks, and their codes likewise (code j of the flat weights is byte j / 32:
+    each weight ``[N, K]`` and its codes ``[N, K / 32]`` are row-major)."""
+    chunk = CHUNK_ROWS * CHUNK_COLS
+    w = torch.cat([getattr(layer, WEIGHTS[s][0]).view(torch.uint8).flatten() for s in GEMM_SITES])
+    codes = torch.cat([getattr(layer, WEIGHTS[s][1]).flatten() for s in GEMM_SITES])
+    pad = -w.numel() % chunk
+    w = torch.cat([w, w.new_zeros(pad)])
+    return w, torch.cat([codes, codes.new_zeros(pad // MX_BLOCK)])
+
+
+def stream(w: torch.Tensor, codes: torch.Tensor, out: torch.Tensor, programs: int, stages: int,
+           warps: int) -> None:  # fmt: skip
+    """``stream_kernel`` over one layer's buffers; ``out`` int32 [programs, CHUNK_ROWS]."""
+    chunks = w.numel() // (CHUNK_ROWS * CHUNK_COLS)
+    stream_kernel[(programs,)](w, codes, out, chunks, PROGRAMS=programs, ROWS=CHUNK_ROWS,
+                               COLS=CHUNK_COLS, STAGES=stages, num_warps=warps)  # fmt: skip
+
+
+def reference_seconds(layers: list, replays: int) -> tuple[float, dict]:
+    """The best of ``STREAM_CONFIGS``: median seconds a layer of ``stream`` over every layer's
+    buffers in one graph, and its config."""
+    from dsv41.nvidia.ops.launch import sm_count
+
+    bufs = [stream_buffers(lw) for lw in layers]
+    programs = PROGRAMS_PER_SM * sm_count(torch.device("cuda"))
+    out = torch.empty(programs, CHUNK_ROWS, dtype=torch.int32, device="cuda")
+    best = None
+    for stages, warps in STREAM_CONFIGS:
+        def run(stages=stages, warps=warps):
+            for w, codes in bufs:
+                stream(w, codes, out, programs, stages, warps)
+
+        t = replay_seconds(run, replays) / len(bufs)
+        if best is None or t < best[0]:
+            best = (t, {"programs": programs, "stages": stages, "warps": warps})
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every figure of the module docstring, per M; also printed as tables."""
+    from dsv41.common.geometry import Dims
+    from dsv41.nvidia.tuning import gemm_shapes
+
+    dims = Dims.of(args.config, args.tp)
+    model = dims.model
+    layers = graph_layers(dims, args.rank, args.layers)
+    n_layers, w_bytes = len(layers), weight_bytes(layers[0])
+    proj_bytes = sum(stage_bytes(s, layers[0], None, 0) for s in GEMM_SITES)
+    bandwidth = copy_bandwidth()
+    copy_t = copy_seconds(w_bytes, n_layers, args.replays)
+    ref_t, ref_cfg = reference_seconds(layers, args.replays)
+    result = {
+        "config": model.name, "tp": args.tp, "rank": args.rank, "backend": args.backend,
+        "layers": n_layers, "weight_bytes": w_bytes, "record_format": RECORD_FORMAT,
+        "copy_bandwidth": bandwidth,
+        "copy": {"us": copy_t * 1e6, "bytes": w_bytes, "tb_s": 2 * w_bytes / copy_t / 1e12},
+        "reference": {"us": ref_t * 1e6, "bytes": proj_bytes, "tb_s": proj_bytes / ref_t / 1e12,
+                      **ref_cfg},
+        "tokens": [],
+    }  # fmt: skip
+    print(f"{model.name} tp {args.tp} rank {args.rank}, {args.backend}: {n_layers} layers of "
+          f"{w_bytes / 1e6:.1f} MB a graph; copy bandwidth {bandwidth / 1e12:.2f} TB/s (2 GB, "
+          f"read + write)")  # fmt: skip
+    print(f"copy of a layer's weights, one buffer a layer: {copy_t * 1e6:.2f} us, "
+          f"{result['copy']['tb_s']:.2f} TB/s read + write")
+    print(f"reference, the four projections' {proj_bytes / 1e6:.1f} MB in one launch (bytes "
+          f"only, {ref_cfg}): {ref_t * 1e6:.2f} us, {result['reference']['tb_s']:.2f} TB/s")
+    shapes = gemm_shapes(dims)
+    step = step_function(args.backend)
+    if isinstance(step, str):
+        raise RuntimeError(step)
+    for m in args.tokens:
+        scenarios = graph_scenarios(dims, layers, m)
+        floor = floor_seconds(w_bytes, m, model, bandwidth)
+        kv_bytes = m * model.keys * record_format(RECORD_FORMAT).record_bytes
+        stages = []
+        if args.backend == "nvidia":
+            partials = partials_bytes(dims, m, torch.device("cuda"))
+            with StepLaunches(step) as launches:
+                launches(layers[0], scenarios[0])
+                names = launches.stages
+                for i, name in enumerate(names):
+                    launches.keep = {i}
+                    t = time_graph(launches, layers, scenarios, args.replays) / n_layers
+                    nbytes = stage_bytes(name, layers[0], scenarios[0], partials)
+                    stages.append({"stage": name, "us": t * 1e6, "bytes": nbytes,
+                                   "tb_s": nbytes / t / 1e12 if nbytes else None})  # fmt: skip
+        step_t = time_graph(step, layers, scenarios, args.replays) / n_layers
+        ours = {s["stage"]: s for s in stages}
+        for site in GEMM_SITES:
+            n, k, _, _ = shapes[site]
+            t = cublas_seconds(n, k, m, n_layers, args.replays)
+            row = ours.get(site) or {"stage": site}
+            row["cublas_us"] = t * 1e6
+            if "us" in row:
+                row["x_cublas"] = row["us"] / row["cublas_us"]
+            if site not in ours:
+                stages.append(row)
+        result["tokens"].append({
+            "tokens": m, "floor_us": floor * 1e6, "stages": stages,
+            "step": {"us": step_t * 1e6, "bytes": w_bytes + kv_bytes,
+                     "tb_s": (w_bytes + kv_bytes) / step_t / 1e12, "x_floor": step_t / floor},
+        })  # fmt: skip
+        print(format_table(result["tokens"][-1]))
+    return result
+
+
+def format_table(per_m: dict) -> str:
+    """One M's stages, the step and the floor as a table."""
+    head = f"{'stage':<10} {'us':>8} {'MB':>8} {'TB/s':>6} {'cuBLAS us':>10} {'x cuBLAS':>9}"
+    lines = [f"\nM = {per_m['tokens']}", head, "-" * len(head)]
+
+    def cell(value, fmt: str, width: int) -> str:
+        return f"{value:>{width}{fmt}}" if value is not None else f"{'-':>{width}}"
+
+    for s in per_m["stages"]:
+        lines.append(f"{s['stage']:<10} {cell(s.get('us'), '.2f', 8)} "
+                     f"{cell(s['bytes'] / 1e6 if s.get('bytes') else None, '.2f', 8)} "
+                     f"{cell(s.get('tb_s'), '.2f', 6)} {cell(s.get('cublas_us'), '.2f', 10)} "
+                     f"{cell(s.get('x_cublas'), '.2f', 9)}".rstrip())  # fmt: skip
+    st = per_m["step"]
+    lines.append(f"{'step':<10} {st['us']:>8.2f} {st['bytes'] / 1e6:>8.2f} {st['tb_s']:>6.2f}  "
+                 f"({st['x_floor']:.2f} x the floor, {per_m['floor_us']:.2f} us)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("stream.py: needs a CUDA GPU (torch.cuda.is_available() is False); its timing is "
+              "graph replay on the GPU", file=sys.stderr)  # fmt: skip
+        return 2
+    result = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
