@@ -101,55 +101,25 @@ def breakdown(dims: Dims, tokens: list[int], layers: int = 4) -> None:
         print(f"  {total:8.2f}  total")
 
 
-class _Cut:
-    """Stands in for a kernel object of the step's modules: launches the real kernel while
-    ``budget[0]`` (launches left in this step) lasts, and nothing after."""
-
-    def __init__(self, kernel, budget: list[int], label: str, seen: list[str]):
-        self.kernel, self.budget, self.label, self.seen = kernel, budget, label, seen
-
-    def __getitem__(self, grid):
-        if self.budget[0] <= 0:
-            return lambda *args, **kwargs: None
-        self.budget[0] -= 1
-        self.seen.append(self.label)
-        return self.kernel[grid]
-
-
 def chain(dims: Dims, tokens: list[int], n_layers: int | None = None) -> None:
-    from dsv41.bench import graph_layers, graph_scenarios, step_function, time_graph
-    from dsv41.nvidia.ops import mega_attention, mx_gemm, norm_rope_insert
+    from stream import StepLaunches  # benchmarks/stream.py: the step's launches one by one
 
-    sites = [(mx_gemm, "mx_gemm_kernel", "gemm"),
-             (norm_rope_insert, "norm_rope_insert_kernel", "norm"),
-             (mega_attention, "mega_attention_kernel", "attention"),
-             (mega_attention, "mega_attention_combine_kernel", "combine")]  # fmt: skip
-    budget, seen = [0], []
-    real = {name: getattr(mod, name) for mod, name, _ in sites}
-    for mod, name, label in sites:
-        setattr(mod, name, _Cut(real[name], budget, label, seen))
+    from dsv41.bench import graph_layers, graph_scenarios, step_function, time_graph
+
     lws = graph_layers(dims, 0, n_layers)  # the bench's graph: the model's layers, past the L2
-    step = step_function("nvidia")
-    try:
+    with StepLaunches(step_function("nvidia")) as launches:
         for m in tokens:
             scs = graph_scenarios(dims, lws, m)
-            budget[0], seen[:] = 1000, []
-            step(lws[0], scs[0])  # one whole step: which launches it makes, in order
-            gemms = iter(("wqkv", "wq_b", "wo_a", "wo_b"))
-            names = [next(gemms) if label == "gemm" else label for label in seen]
+            launches.keep = None
+            launches(lws[0], scs[0])  # one whole step: which launches it makes, in order
+            names = launches.stages
             print(f"\nM = {m}: the graph-replayed step cut after each launch, us a layer step")
             before = 0.0
             for n in range(1, len(names) + 1):
-                def cut_step(layer, sc, n=n):
-                    budget[0] = n
-                    return step(layer, sc)
-
-                us = time_graph(cut_step, lws, scs, 50) * 1e6 / len(lws)
+                launches.keep = set(range(n))
+                us = time_graph(launches, lws, scs, 50) * 1e6 / len(lws)
                 print(f"  through {names[n - 1]:9s} {us:7.2f}  (+{us - before:5.2f})")
                 before = us
-    finally:
-        for mod, name, _ in sites:
-            setattr(mod, name, real[name])
 
 
 def timeline(dims: Dims, tokens: list[int], n_layers: int | None = None, replays: int = 6) -> None:
