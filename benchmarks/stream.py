@@ -264,6 +264,25 @@ def reference_seconds(layers: list, replays: int) -> tuple[float, dict]:
 # The run
 
 
+def attempt(what: str, timed):
+    """``timed()`` (seconds), or the error it raised as a string, printed: one figure that cannot
+    be had (a shape cuBLAS refuses, a compile failure) leaves the run's others."""
+    try:
+        return timed()
+    except Exception as e:  # noqa: BLE001 -- reported in the table and the JSON, the run goes on
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        print(f"{what}: {why}", file=sys.stderr)
+        return why
+
+
+def figure(seconds, nbytes: int | None, **extra) -> dict:
+    """A timed figure as a row: us, bytes, TB/s, or the error it gave."""
+    if isinstance(seconds, str):
+        return {"error": seconds, "bytes": nbytes, **extra}
+    return {"us": seconds * 1e6, "bytes": nbytes,
+            "tb_s": nbytes / seconds / 1e12 if nbytes else None, **extra}  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> dict:
     """Every figure of the module docstring, per M; also printed as tables."""
     from dsv41.common.geometry import Dims
@@ -276,23 +295,27 @@ def run(args: argparse.Namespace) -> dict:
     proj_bytes = sum(stage_bytes(s, layers[0], None, 0) for s in GEMM_SITES)
     bandwidth = copy_bandwidth()
     copy_t = copy_seconds(w_bytes, n_layers, args.replays)
-    ref_t, ref_cfg = reference_seconds(layers, args.replays)
+    best = attempt("reference", lambda: reference_seconds(layers, args.replays))
+    reference = (figure(best, proj_bytes) if isinstance(best, str)
+                 else figure(best[0], proj_bytes, **best[1]))  # fmt: skip
     result = {
         "config": model.name, "tp": args.tp, "rank": args.rank, "backend": args.backend,
         "layers": n_layers, "weight_bytes": w_bytes, "record_format": RECORD_FORMAT,
         "copy_bandwidth": bandwidth,
         "copy": {"us": copy_t * 1e6, "bytes": w_bytes, "tb_s": 2 * w_bytes / copy_t / 1e12},
-        "reference": {"us": ref_t * 1e6, "bytes": proj_bytes, "tb_s": proj_bytes / ref_t / 1e12,
-                      **ref_cfg},
-        "tokens": [],
+        "reference": reference, "tokens": [],
     }  # fmt: skip
     print(f"{model.name} tp {args.tp} rank {args.rank}, {args.backend}: {n_layers} layers of "
           f"{w_bytes / 1e6:.1f} MB a graph; copy bandwidth {bandwidth / 1e12:.2f} TB/s (2 GB, "
           f"read + write)")  # fmt: skip
     print(f"copy of a layer's weights, one buffer a layer: {copy_t * 1e6:.2f} us, "
           f"{result['copy']['tb_s']:.2f} TB/s read + write")
-    print(f"reference, the four projections' {proj_bytes / 1e6:.1f} MB in one launch (bytes "
-          f"only, {ref_cfg}): {ref_t * 1e6:.2f} us, {result['reference']['tb_s']:.2f} TB/s")
+    if "error" in reference:
+        print(f"reference (one-launch streaming): {reference['error']}")
+    else:
+        config = {k: reference[k] for k in ("programs", "stages", "warps")}
+        print(f"reference, the four projections' {proj_bytes / 1e6:.1f} MB in one launch (bytes "
+              f"only, {config}): {reference['us']:.2f} us, {reference['tb_s']:.2f} TB/s")
     shapes = gemm_shapes(dims)
     step = step_function(args.backend)
     if isinstance(step, str):
@@ -306,24 +329,28 @@ def run(args: argparse.Namespace) -> dict:
             partials = partials_bytes(dims, m, torch.device("cuda"))
             with StepLaunches(step) as launches:
                 launches(layers[0], scenarios[0])
-                names = launches.stages
-                for i, name in enumerate(names):
+                for i, name in enumerate(launches.stages):
                     launches.keep = {i}
-                    t = time_graph(launches, layers, scenarios, args.replays) / n_layers
+                    t = attempt(f"M = {m} {name}", lambda: time_graph(
+                        launches, layers, scenarios, args.replays) / n_layers)  # fmt: skip
                     nbytes = stage_bytes(name, layers[0], scenarios[0], partials)
-                    stages.append({"stage": name, "us": t * 1e6, "bytes": nbytes,
-                                   "tb_s": nbytes / t / 1e12 if nbytes else None})  # fmt: skip
+                    stages.append({"stage": name, **figure(t, nbytes)})
         step_t = time_graph(step, layers, scenarios, args.replays) / n_layers
         ours = {s["stage"]: s for s in stages}
         for site in GEMM_SITES:
             n, k, _, _ = shapes[site]
-            t = cublas_seconds(n, k, m, n_layers, args.replays)
-            row = ours.get(site) or {"stage": site}
+            t = attempt(f"M = {m} cuBLAS {site}",
+                        lambda: cublas_seconds(n, k, m, n_layers, args.replays))  # fmt: skip
+            row = ours.get(site)
+            if row is None:
+                row = {"stage": site}
+                stages.append(row)
+            if isinstance(t, str):
+                row["cublas_error"] = t
+                continue
             row["cublas_us"] = t * 1e6
             if "us" in row:
                 row["x_cublas"] = row["us"] / row["cublas_us"]
-            if site not in ours:
-                stages.append(row)
         result["tokens"].append({
             "tokens": m, "floor_us": floor * 1e6, "stages": stages,
             "step": {"us": step_t * 1e6, "bytes": w_bytes + kv_bytes,
@@ -346,6 +373,9 @@ def format_table(per_m: dict) -> str:
                      f"{cell(s['bytes'] / 1e6 if s.get('bytes') else None, '.2f', 8)} "
                      f"{cell(s.get('tb_s'), '.2f', 6)} {cell(s.get('cublas_us'), '.2f', 10)} "
                      f"{cell(s.get('x_cublas'), '.2f', 9)}".rstrip())  # fmt: skip
+        for key, what in (("error", "ours"), ("cublas_error", "cuBLAS")):
+            if key in s:
+                lines.append(f"{'':<10} {what}: {s[key]}")
     st = per_m["step"]
     lines.append(f"{'step':<10} {st['us']:>8.2f} {st['bytes'] / 1e6:>8.2f} {st['tb_s']:>6.2f}  "
                  f"({st['x_floor']:.2f} x the floor, {per_m['floor_us']:.2f} us)")
@@ -362,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    return 0
+    rows = [result["reference"]] + [s for m in result["tokens"] for s in m["stages"]]
+    return 1 if any("error" in r or "cublas_error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -125,9 +125,27 @@ def test_table_shows_each_stage_and_the_step(stream):
                                                     "x_floor": 24.0 / 9.5},
              "stages": [{"stage": "wqkv", "us": 5.0, "bytes": 9.46e6, "tb_s": 1.89,
                          "cublas_us": 11.0, "x_cublas": 5.0 / 11.0},
-                        {"stage": "norm", "us": 1.5, "bytes": None, "tb_s": None}]}  # fmt: skip
+                        {"stage": "norm", "us": 1.5, "bytes": None, "tb_s": None},
+                        {"stage": "wo_b", "error": "RuntimeError: no", "bytes": 5e6,
+                         "cublas_error": "RuntimeError: shape"}]}  # fmt: skip
     lines = stream.format_table(per_m).splitlines()
     assert lines[1] == "M = 1"
     assert lines[4].split() == ["wqkv", "5.00", "9.46", "1.89", "11.00", "0.45"]
     assert lines[5].split() == ["norm", "1.50", "-", "-", "-", "-"]
-    assert lines[6].startswith("step") and "2.53 x the floor, 9.50 us" in lines[6]
+    assert lines[6].split() == ["wo_b", "-", "5.00", "-", "-", "-"]
+    assert lines[7].split() == ["ours:", "RuntimeError:", "no"]
+    assert lines[8].split() == ["cuBLAS:", "RuntimeError:", "shape"]
+    assert lines[9].startswith("step") and "2.53 x the floor, 9.50 us" in lines[9]
+
+
+def test_a_failing_figure_is_a_row_with_its_error(stream, capsys):
+    def fails():
+        raise RuntimeError("cuBLAS refuses\nmore")
+
+    why = stream.attempt("M = 1 cuBLAS wqkv", fails)
+    assert why == "RuntimeError: cuBLAS refuses"
+    assert "M = 1 cuBLAS wqkv: RuntimeError: cuBLAS refuses" in capsys.readouterr().err
+    assert stream.figure(why, 100) == {"error": why, "bytes": 100}
+    assert stream.figure(2e-6, 4_000_000, warps=4) == {"us": 2.0, "bytes": 4_000_000,
+                                                       "tb_s": 2.0, "warps": 4}
+    assert stream.attempt("ok", lambda: 1.5) == 1.5
