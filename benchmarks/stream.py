@@ -45,10 +45,10 @@ from dsv41.bench import (
 from dsv41.common.geometry import TP_SIZES
 from dsv41.common.kv_cache import decode_key_table, record_format
 from dsv41.common.mx import E4M3, MX_BLOCK
+from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, tuning_for  # sites in launch order
 
 BACKENDS = ("nvidia", "mono")
 REPLAYS = 30
-GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")  # the nvidia step's mx_gemm launches, in order
 WEIGHTS = {"wqkv": ("wqkv", "wqkv_scale"), "wq_b": ("wq_b", "wq_b_scale"),
            "wo_a": ("wo_a", "wo_a_scale"), "wo_b": ("wo_b", "wo_b_scale")}  # fmt: skip
 CHUNK_ROWS, CHUNK_COLS = 32, 512  # the reference's chunk: 32 x 512 bytes, 512 B of codes
@@ -169,8 +169,6 @@ def stage_bytes(stage: str, layer, inputs, partial_bytes: int) -> int | None:
 def partials_bytes(dims, tokens: int, device) -> int:
     """Bytes of attention's split partials the combine reads: fp32 o and (max, sum) a head and
     split."""
-    from dsv41.nvidia.tuning import tuning_for
-
     splits = tuning_for(dims, device, tokens).attention.splits
     return 0 if splits == 1 else tokens * dims.heads * splits * (dims.model.head_dim + 2) * 4
 
@@ -286,7 +284,6 @@ def figure(seconds, nbytes: int | None, **extra) -> dict:
 def run(args: argparse.Namespace) -> dict:
     """Every figure of the module docstring, per M; also printed as tables."""
     from dsv41.common.geometry import Dims
-    from dsv41.nvidia.tuning import gemm_shapes
 
     dims = Dims.of(args.config, args.tp)
     model = dims.model
