@@ -16,11 +16,31 @@ from dsv41.common.rope import rope_tables
 from dsv41.common.scenario import make_scenario
 
 MAILBOXES = ("ctl", "xrdy", "qrdy", "srdy", "crdy", "ardy", "wrdy")
-BIT_EXACT = ("x8", "x8s")  # no arithmetic before them that could differ in order
-ACCUMULATED = ("qkvp", "part", "pstat")  # fp32 sums: a different order moves the last bits
-QUANTIZED = ("qx8", "qx8s", "q", "xo", "xos", "x8b", "x8bs")  # roundings of those sums
-# sums over xo (the bf16 z of 4096 terms, its fp32 K parts): xo's few flips move them a little
-LONG_SUMS = ("z", "woap")
+# What the kernel achieves against the schedule executor and the reference, measured over every
+# case in this file (slow ones too) on CPU, 2026-12-04; bounds about 3x the worst, exact where
+# every case was exact. The mailboxes, x8 and the window cache equal bit for bit, and y equals
+# the executor's in every case (the differences below never reach it).
+BIT_EXACT = ("x8", "x8s", "qx8", "qx8s", "xos", "x8bs")  # x8 unrounded; the others all equal
+# fp32 sums in another order: the worst |difference| measured 2.4e-7 (qkvp), 1.1e-6 (part),
+# 5.7e-6 (pstat)
+ACCUMULATED = {"qkvp": 7.2e-7, "part": 3.3e-6, "pstat": 1.8e-5}
+# values of those sums' roundings that may differ: a value on the other side of a tie. Measured
+# at most 8.1e-5 of q (ROCm tiles, tp 4, layer 2, M 3), 5.2e-5 of xo, 1.1e-3 of x8b (tp 2,
+# layer 2, M 7)
+QUANTIZED = {"q": 2.5e-4, "xo": 1.6e-4, "x8b": 3.4e-3}
+# sums over xo (the bf16 z of 4096 terms, its fp32 K parts), rel L2: xo's few flips move them
+# by at most 2.0e-4 (z) and 1.1e-4 (woap), tp 2, layer 2, M 7
+LONG_SUMS = {"z": 5.9e-4, "woap": 3.4e-4}
+# against the reference: E8M0 codes all equal; y rel L2 at most 1.4e-3 and z 2.7e-4 (tp 2,
+# layer 0, M 48: the executor's own figures, test_mono_plan.py), 0 below M 48; q 4.3e-9 (ROCm
+# tiles, one value), else 0
+REFERENCE = {"y_rel": 4.3e-3, "z_rel": 8.1e-4, "q_rel": 1.4e-8}
+
+
+def assert_near_reference(got: dict) -> None:
+    """``parity``'s figures within ``REFERENCE``, every E8M0 code equal."""
+    assert got["xo_codes"] == 1.0 and got["z_codes"] == 1.0, got
+    assert all(got[k] <= bound for k, bound in REFERENCE.items()), got
 
 
 @pytest.mark.parametrize(
@@ -132,22 +152,21 @@ def _against_executor_and_reference(
     agree = region_agreement(plan, runner.scratch, scratch)
     for name in MAILBOXES + BIT_EXACT:
         assert agree[name] == 1.0, name
-    for name in QUANTIZED:
-        assert agree[name] >= 0.99, f"{name}: {agree[name]:.4f} of the values agree"
-    for name in ACCUMULATED:
+    for name, bound in QUANTIZED.items():
+        assert 1 - agree[name] <= bound, f"{name}: {agree[name]:.6f} of the values agree"
+    for name, bound in ACCUMULATED.items():
         got_r, want_r = plan.regions[name].view(runner.scratch), plan.regions[name].view(scratch)
-        torch.testing.assert_close(got_r, want_r, rtol=1e-4, atol=1e-5, msg=name)
-    for name in LONG_SUMS:
+        torch.testing.assert_close(got_r, want_r, rtol=0, atol=bound, msg=name)
+    for name, bound in LONG_SUMS.items():
         got_r = plan.regions[name].view(runner.scratch).float()
         want_r = plan.regions[name].view(scratch).float()
-        assert (got_r - want_r).norm() <= 1e-2 * want_r.norm(), name
-    assert set(agree) == set(MAILBOXES + BIT_EXACT + QUANTIZED + ACCUMULATED + LONG_SUMS)
+        assert (got_r - want_r).norm() <= bound * want_r.norm(), name
+    assert set(agree) == set(MAILBOXES + BIT_EXACT) | set(QUANTIZED | ACCUMULATED | LONG_SUMS)
     assert int(runner.views["ctl"][CTL_EPOCH]) == 6
     assert torch.equal(kernel_sc.window_cache.data, exec_sc.window_cache.data)
-    assert (seams["y"].float() - y_exec.float()).norm() <= 1e-2 * y_exec.float().norm()
+    assert torch.equal(seams["y"], y_exec)
 
-    got = parity(lw.dims, seams, run_reference(lw, sc))
-    assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+    assert_near_reference(parity(lw.dims, seams, run_reference(lw, sc)))
     return runner
 
 
@@ -163,8 +182,8 @@ def test_partial_last_k_block(tokens: int, cores: bool, words: bool, tiny_layer,
     tuning = resolve(lw.dims, tokens, gemv_cores=cores, gemv_words=words)
     runner = MonoRunner(lw, tokens, tuning=tuning)
     assert runner.plan.tiling["BK_QR"] == 256 and runner.plan.tiling["GEMV_WORDS"] == words
-    got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
-    assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+    assert_near_reference(parity(lw.dims, run_mono(runner, sc.clone_caches()),
+                                 run_reference(lw, sc)))  # fmt: skip
 
 
 def test_task_trace_needs_a_gpu_and_its_shape(tiny_layer) -> None:

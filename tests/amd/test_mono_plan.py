@@ -166,6 +166,14 @@ def _run_executor(plan: Plan, lw: LayerWeights, sc, scratch: torch.Tensor) -> di
     }
 
 
+# The executor against the reference over the cases below (CPU, 2026-12-04): q, the window
+# cache and every E8M0 code equal; at M 48 (and tp 4, layer 0, M 7) attention's fp32 sums in
+# another order put some o values on the other side of a bf16 tie: z rel L2 at most 4.2e-4 and
+# y 2.3e-3 (tp 2, layer 2, M 48); y equal below M 48. Bounds about 3x those.
+EXECUTOR_Z_REL = 1.3e-3
+EXECUTOR_Y_REL = 6.9e-3
+
+
 @pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("layer_id", [0, 1, 2])
 @pytest.mark.parametrize("tokens", [1, 7, 48])
@@ -177,8 +185,8 @@ def test_executor_matches_reference(tp: int, layer_id: int, tokens: int, tiny_la
     plan = Plan(lw.dims, tokens)
     scratch = plan.new_scratch(epoch=7)
     got = parity(lw.dims, _run_executor(plan, lw, ex_sc, scratch), ref)
-    assert got["q_rel"] == 0.0 and got["z_rel"] <= 1e-2  # same roundings: q is exact
-    assert got["y_rel"] <= 1e-2 and got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+    assert got["q_rel"] == 0.0 and got["xo_codes"] == got["z_codes"] == 1.0, got  # same roundings
+    assert got["z_rel"] <= EXECUTOR_Z_REL and got["y_rel"] <= EXECUTOR_Y_REL, got
     assert torch.equal(ex_sc.window_cache.data, ref_sc.window_cache.data)  # same records inserted
     assert int(plan.regions["ctl"].view(scratch)[CTL_EPOCH]) == 8
 

@@ -16,6 +16,7 @@ from dsv41.common.kv_cache import PagedKVCache
 from dsv41.common.scenario import make_scenario
 
 MONO_Y_REL = BOUNDS["mono"]["y"]["rel_l2"]  # what mono achieves on CPU (measured: y equal)
+# E8M0 codes of xo and z: all equal the reference's in every step here (measured on CPU)
 
 
 @pytest.mark.slow
@@ -27,7 +28,7 @@ def test_consecutive_steps_across_epoch_wraparound(tiny_layer, run_mono, run_ref
         sc = make_scenario(lw.dims, 1, 3, seed=seed)  # fresh x, positions, caches each step
         got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
         assert got["y_rel"] <= MONO_Y_REL, got
-        assert got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+        assert got["xo_codes"] == got["z_codes"] == 1.0, got
         tag = [2**31 - 1, -(2**31)][step]  # the epoch this step ran under, now every tag
         for name in runner.plan.mailboxes:
             boxes = runner.views[name]
@@ -48,7 +49,7 @@ def test_timeout_raises_and_recovers(tiny_layer, run_mono, run_reference) -> Non
     assert runner.views["xrdy"][:, 0].eq(0).all()
     got = parity(lw.dims, run_mono(runner, sc.clone_caches()), run_reference(lw, sc))
     assert got["y_rel"] <= MONO_Y_REL, got
-    assert got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+    assert got["xo_codes"] == got["z_codes"] == 1.0, got
 
 
 def test_mono_step_validates(tiny_layer) -> None:
@@ -84,4 +85,4 @@ def test_layers_and_token_counts_share_one_scratch(tiny_layer, run_reference) ->
         seams = mono_step(lw, work, validate=True)
         got = parity(lw.dims, seams, run_reference(lw, sc))
         assert got["y_rel"] <= MONO_Y_REL, got
-        assert got["xo_codes"] >= 0.99 and got["z_codes"] >= 0.99, got
+        assert got["xo_codes"] == got["z_codes"] == 1.0, got
