@@ -165,27 +165,27 @@ def _mma_e4m3_loop(a_ptr, a_codes_ptr, w_ptr, w_codes_ptr, pos_ptr, cos_ptr, sin
     the activation's E8M0 scales (powers of two: exact) into the fp32 sum. Weight rows are the
     MMA's M (64 a warpgroup) and tokens its N, so a 16-token tile takes warpgroup MMAs; a block
     alone keeps each MMA's short accumulation inside one block. ``CODE_WORDS`` (a step of four
-    blocks, every row's codes 4-byte aligned): a step's codes are one int32 word a row, loaded a
-    step ahead (the pipeliner leaves these loads in the loop, where they would wait)."""
+    blocks, every row's codes 4-byte aligned): a step's codes are one int32 word a row, the
+    weight's loaded a step ahead (the pipeliner leaves these loads in the loop, where they
+    would wait)."""
     j = tl.arange(0, _MX)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     a_c0 = (group * K) // _MX  # the activation's first code of this group
     w_word = n64.to(tl.int32)  # unused without CODE_WORDS
-    a_word = rows
+    a_step = rows
     if CODE_WORDS:
         tl.static_assert(BLOCK_K == 4 * _MX, "a code word serves a step of four MX blocks")
         w_word = _code_word(w_codes_ptr, n64, n_ok, K // _MX, k_lo // _MX, k_hi // _MX)
-        if A_MODE == A_MX:
-            a_word = _code_word(a_codes_ptr, rows, row_ok, stride_acm, a_c0 + k_lo // _MX,
-                                a_c0 + k_hi // _MX)  # fmt: skip
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        w_step, a_step = w_word, a_word
-        if CODE_WORDS:  # the next step's codes, in flight during this step's MMAs
+        w_step = w_word
+        if CODE_WORDS:  # the next step's weight codes (from HBM) in flight during this step's
+            # MMAs; the activation's (just written: in the L2) this step's, as two steps of
+            # them spilled 24-56 B a 64-token GEMM (Triton 3.6)
             w_word = _code_word(w_codes_ptr, n64, n_ok, K // _MX, (k0 + BLOCK_K) // _MX,
                                 k_hi // _MX)  # fmt: skip
             if A_MODE == A_MX:
-                a_word = _code_word(a_codes_ptr, rows, row_ok, stride_acm,
-                                    a_c0 + (k0 + BLOCK_K) // _MX, a_c0 + k_hi // _MX)  # fmt: skip
+                a_step = _code_word(a_codes_ptr, rows, row_ok, stride_acm, a_c0 + k0 // _MX,
+                                    a_c0 + k_hi // _MX)  # fmt: skip
         for b in tl.static_range(BLOCK_K // _MX):
             kb = k0 + b * _MX
             w8 = tl.load(w_ptr + n64[:, None] * K + (j + kb)[None, :], mask=n_ok[:, None],
