@@ -18,7 +18,7 @@ as 16-B aligned, as torch allocates them; an int argument divisible by 16 as suc
 equal to 1 as the constexpr 1, as Triton specializes them. The installed Triton compiles.
 
     python benchmarks/kernel_facts.py --target gfx942 [--backend nvidia|mono] --tp 4 \\
-        --tokens 1 [--fmt fp8_ds_mla|fp8_mx] [--json FILE] [--dump DIR]
+        --tokens 1 [--fmt fp8_ds_mla|fp8_mx] [--json FILE] [--dump DIR] [--tuning num_warps=8]
 
 ``--dump DIR`` writes each launch's TTGIR and its PTX + SASS (NVIDIA) or AMDGCN (AMD) there
 (``<n>_<kernel>.<ext>``, n its place in the step).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import re
 import subprocess
@@ -229,29 +230,34 @@ def step_launches(target: str, tp: int, tokens: int, fmt: str, layer_id: int = 1
     return calls
 
 
-def mono_launches(target: str, tp: int, tokens: int, layer_id: int = 1) -> list:
+def mono_launches(target: str, tp: int, tokens: int, layer_id: int = 1,
+                  tuning: dict | None = None) -> list:
     """The caught launch of one mono step for ``target``: ``[(fn, args, kwargs)]``, a program a
-    multiprocessor (mono's records are fp8_ds_mla)."""
+    multiprocessor (mono's records are fp8_ds_mla); ``tuning``: Tuning fields changed from the
+    target's measured ones (``tuning.resolve``)."""
     from dsv41.amd.mono.launcher import MonoRunner
+    from dsv41.amd.mono.tuning import resolve
     from dsv41.common.platform import parse_target, targeting
 
     layer, sc = _layer_and_step(tp, tokens, "fp8_ds_mla", layer_id)
     calls: list = []
     with targeting(parse_target(target)), caught_launches(calls):
-        runner = MonoRunner(layer, tokens, programs=MULTIPROCESSORS[target])
+        choices = resolve(layer.dims, tokens, **(tuning or {}))
+        runner = MonoRunner(layer, tokens, programs=MULTIPROCESSORS[target], tuning=choices)
         runner.launch(sc, torch.empty_like(sc.x))
     return calls
 
 
 def launch_facts(target: str, backend: str, tp: int, tokens: int, fmt: str = "fp8_ds_mla",
-                 layer_id: int = 1, dump: Path | None = None) -> list[dict]:
+                 layer_id: int = 1, dump: Path | None = None,
+                 tuning: dict | None = None) -> list[dict]:
     """Every launch of one step compiled for ``target``: a row each, in launch order (a launch
-    equal to an earlier one is compiled once)."""
+    equal to an earlier one is compiled once); ``tuning``: mono's Tuning changes."""
     from dsv41.common.platform import parse_target
 
     platform = parse_target(target)
     if backend == "mono":
-        launches = mono_launches(target, tp, tokens, layer_id)
+        launches = mono_launches(target, tp, tokens, layer_id, tuning)
     else:
         launches = step_launches(target, tp, tokens, fmt, layer_id)
     rows, seen = [], {}
@@ -308,9 +314,29 @@ def main(argv: list[str] | None = None) -> int:
                         "the compressed layers, the first of them 2)")
     p.add_argument("--json", help="write the rows to this file too")
     p.add_argument("--dump", type=Path, help="write each launch's compiled code to this folder")
+    p.add_argument("--tuning", action="append", default=[], metavar="FIELD=VALUE",
+                   help="mono: a Tuning field changed from the target's (repeatable), e.g. "
+                        "num_warps=8")
     a = p.parse_args(argv)
+    from dsv41.amd.mono.tuning import Tuning
+
+    fields = [f.name for f in dataclasses.fields(Tuning)]
+    tuning = {}
+    for item in a.tuning:
+        name, _, value = item.partition("=")
+        if not value or name not in fields:
+            p.error(f"--tuning: expected FIELD=VALUE, FIELD one of {', '.join(fields)}; "
+                    f"got {item!r}")
+        tuning[name] = {"True": True, "False": False, "None": None}.get(value, value)
+        if isinstance(tuning[name], str):
+            try:
+                tuning[name] = int(value)
+            except ValueError:
+                p.error(f"--tuning: {name}: expected an int, True, False or None, got {value!r}")
     if a.backend == "mono" and a.fmt != "fp8_ds_mla":
         p.error(f"--fmt: mono stores fp8_ds_mla records only, got {a.fmt}")
+    if tuning and a.backend != "mono":
+        p.error("--tuning: mono's Tuning only (with --backend mono)")
     if a.backend == "mono" and a.tp not in (2, 4):
         p.error(f"--tp: mono's task tables are laid out for tp 2 and 4, got {a.tp}")
     if switches.interpreting():
@@ -319,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.dump:
         a.dump.mkdir(parents=True, exist_ok=True)
-    rows = launch_facts(a.target, a.backend, a.tp, a.tokens, a.fmt, a.layer, a.dump)
+    rows = launch_facts(a.target, a.backend, a.tp, a.tokens, a.fmt, a.layer, a.dump, tuning)
     print(f"{a.backend}, layer {a.layer}, tp {a.tp}, M = {a.tokens}, {a.fmt}, {a.target}, "
           f"Triton {triton.__version__}: each launch of one step")
     print("\n".join(table(rows, a.target)))

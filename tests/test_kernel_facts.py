@@ -61,18 +61,18 @@ def amd_facts() -> dict:
 
 @pytest.mark.parametrize("target", AMD)
 def test_mono_compiles_for_amd(amd_facts, target):
-    """Mono's one launch, 4 waves on ROCm (its Tuning), compiles for AMD with its byte-by-byte
+    """Mono's one launch, 8 waves on ROCm (its Tuning), compiles for AMD with its byte-by-byte
     e4m3 conversion: no PTX left in it."""
     for (t, backend, tp, m, _), rows in amd_facts.items():
         if t == target and backend == "mono":
-            assert [r["kernel"] for r in rows] == ["mono_kernel"] and rows[0]["warps"] == 4
+            assert [r["kernel"] for r in rows] == ["mono_kernel"] and rows[0]["warps"] == 8
             _amd_clean(rows, (t, tp, m), spills=False)
 
 
 @pytest.mark.parametrize("target", AMD)
 def test_mono_without_vgpr_spills_on_amd(amd_facts, target):
-    """ROCm's Tuning (4 waves, 16-key slices, GEMV blocks of 128) spills no VGPR at tp 2 and 4,
-    one and 48 tokens (docs/amd.md: every bucket)."""
+    """ROCm's Tuning (8 waves, 16-key slices, GEMV blocks of 128, tensor-core blocks in 8 K
+    segments) spills no VGPR at tp 2 and 4, one and 48 tokens (docs/amd.md: every bucket)."""
     for (t, backend, tp, m, _), rows in amd_facts.items():
         if t == target and backend == "mono":
             assert rows[0]["vgpr_spills"] == 0, (t, tp, m, rows[0])
@@ -142,6 +142,23 @@ def test_mono_launch_compiles_for_sm90(tmp_path):
     sass = (tmp_path / "asm" / "0_mono_kernel.sass").read_text()
     offsets = [int(o, 16) for o in re.findall(r"/\*([0-9a-f]{4,})\*/", sass)]
     assert offsets[-1] >= 0x10000 and row["sass"] == offsets[-1] // 16 + 1, (row, offsets[-1])
+
+
+def test_tuning_changes_reach_the_mono_compile(tmp_path):
+    """``--tuning FIELD=VALUE`` replaces a field of the target's mono Tuning: gfx942, tp 4,
+    M = 48 in whole tensor-core blocks (``mma_split=1``) spills VGPRs where ROCm's own 8 K
+    segments spill none (docs/amd.md); a name that is no Tuning field is refused."""
+    out = tmp_path / "facts.json"
+    args = [sys.executable, "benchmarks/kernel_facts.py", "--target", "gfx942", "--backend",
+            "mono", "--tp", "4", "--tokens", "48", "--json", str(out)]  # fmt: skip
+    run = subprocess.run([*args, "--tuning", "mma_split=1"], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    assert row["warps"] == 8 and row["vgpr_spills"] > 0, row
+    bad = subprocess.run([*args, "--tuning", "warps=8"], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert bad.returncode != 0 and "--tuning: expected FIELD=VALUE" in bad.stderr, bad.stderr
 
 
 def test_the_fallback_compiles_for_amd_at_every_tp_and_bucket():

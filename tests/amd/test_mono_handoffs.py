@@ -410,14 +410,18 @@ def _kernel_waits() -> dict[str, collections.Counter]:
 
     kernel = fns["mono_kernel"]
     boxes = {a.arg: a.arg[: -len("_ptr")] for a in kernel.args.args if a.arg.endswith("rdy_ptr")}
+    # a loop a stage: ``end = (end_xq, ...)[STAGE]`` and a branch ``STAGE == k`` for each stage
+    ends = next(n for n in ast.walk(kernel)
+                if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "end")  # fmt: skip
+    order = [ast.unparse(e)[len("end_"):] for e in ends.value.value.elts]
     chain = next(n for n in ast.walk(kernel)
-                 if isinstance(n, ast.If) and ast.unparse(n.test) == "t < end_xq")  # fmt: skip
+                 if isinstance(n, ast.If) and ast.unparse(n.test) == "STAGE == 0")  # fmt: skip
     stages, node = {}, chain
     while True:
-        stage = ast.unparse(node.test.comparators[0])[len("end_"):]
+        stage = order[int(ast.unparse(node.test.comparators[0]))]
         stages[stage] = block(node.body, boxes)
         nxt = node.orelse[0] if len(node.orelse) == 1 else None
-        if isinstance(nxt, ast.If) and ast.unparse(nxt.test).startswith("t < end_"):
+        if isinstance(nxt, ast.If) and ast.unparse(nxt.test).startswith("STAGE == "):
             node = nxt
         else:
             stages["last"] = block(node.orelse, boxes)

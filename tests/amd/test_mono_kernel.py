@@ -109,8 +109,9 @@ def test_rocm_tuning_matches_executor_and_reference(
     tp: int, layer_id: int, tokens: int, hidden: int, tiny_layer, run_mono, run_reference
 ) -> None:
     """The tiles a ROCm node resolves (GEMV blocks of 128, 16-key slices, weight words at one
-    token only, 4 waves) give the executor's scratch and the reference's y: x runs in two K
-    blocks a Wqkv half, not one; 3 tokens on CUDA cores byte by byte."""
+    token only, tensor-core blocks in 8 K segments) give the executor's scratch and the
+    reference's y: x runs in two K blocks a Wqkv half, not one; 3 tokens on CUDA cores byte by
+    byte; 7 on tensor cores in segments."""
     rocm = Platform("rocm", "gfx942")
     runner = _against_executor_and_reference(tp, layer_id, tokens, hidden, tiny_layer, run_mono,
                                              run_reference, {"platform": rocm})  # fmt: skip
@@ -118,6 +119,7 @@ def test_rocm_tuning_matches_executor_and_reference(
     assert plan.tuning == resolve(plan.dims, tokens, platform=rocm) and plan.key_slice == 16
     assert plan.tiling["BK_X"] == 128 and plan.xq_blocks == 2
     assert plan.tiling["GEMV_WORDS"] == (tokens == 1)
+    assert plan.tiling["MMA_SPLIT"] == (1 if tokens <= 4 else 8)
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ from dsv41.amd.mono.tuning import (
     GEMV_BLOCK,
     GEMV_BLOCK_FEW,
     KEY_SLICE,
+    MMA_SPLIT,
     NUM_WARPS,
     WOA_K_PARTS,
     k_block,
@@ -227,19 +228,21 @@ def test_gemv_block_by_tokens() -> None:
 
 
 def test_rocm_takes_smaller_tiles_and_nvidia_keeps_its_own() -> None:
-    """On ROCm (the platform given, or the current one) 4 waves, 16-key slices and GEMV blocks of
-    128 at every token count, weight words at one token only; NVIDIA and the interpreter keep
-    8 warps, 32 keys, 512 / 256, words up to CORES_TOKENS."""
+    """On ROCm (the platform given, or the current one) 8 waves as on NVIDIA, 16-key slices, GEMV
+    blocks of 128 at every token count, tensor-core blocks in 8 K segments, weight words at one
+    token only; NVIDIA and the interpreter keep 32 keys, 512 / 256, the plan's split, words up
+    to CORES_TOKENS."""
     flash = Dims.of("dsv41-flash", 4)
     rocm, cuda = Platform("rocm", "gfx950"), Platform("cuda", "sm90")
     for tokens in (1, 2, 4, 16, 17, 48):
         got, nv = resolve(flash, tokens, platform=rocm), resolve(flash, tokens, platform=cuda)
-        assert (got.num_warps, got.key_slice, got.gemv_block) == (4, 16, 128), got
+        assert (got.num_warps, got.key_slice, got.gemv_block) == (8, 16, 128), got
+        assert got.mma_split == (1 if tokens <= CORES_TOKENS else MMA_SPLIT), got
         assert (nv.num_warps, nv.key_slice) == (8, 32), nv
         assert nv.gemv_block == (GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK)
         assert got.gemv_words == (tokens == 1) and got.gemv_pairs == (tokens == 1)
-        assert dataclasses.replace(got, num_warps=8, key_slice=32, gemv_block=nv.gemv_block,
-                                   gemv_words=nv.gemv_words) == nv
+        assert dataclasses.replace(got, key_slice=32, gemv_block=nv.gemv_block,
+                                   gemv_words=nv.gemv_words, mma_split=nv.mma_split) == nv
         if current_platform().kind != "rocm":  # the CPU (interpreter) resolves as NVIDIA
             assert resolve(flash, tokens) == nv
         with targeting(rocm):

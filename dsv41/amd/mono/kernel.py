@@ -3,7 +3,10 @@
 Every program loops: take a ticket (``atomic_add`` on the ticket word), run the
 task it names (the stage ranges come from ``Plan.stages``, the coordinates are
 decoded as ``Plan.task_coords`` does), until the tickets run out or an error
-is posted. The last program to finish resets the ticket and finished words and
+is posted. A program's tickets only grow, so it runs a loop a stage, in stage order: what a
+stage's code keeps in registers across its tasks (the lane-only shared-memory addresses of its
+layout conversions, which LLVM hoists out of a loop) is live in that stage's loop only, not in
+every stage's. The last program to finish resets the ticket and finished words and
 advances the epoch, the tag of the next step's mailboxes. Hand-offs (module
 docstring of ``plan.py``): a consumer spins on its mailbox's tag with acquire
 atomics, at most ``spin_limit`` polls; on a timeout it posts ``ticket + 1`` to
@@ -864,7 +867,8 @@ def mono_kernel(
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
     MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False,
 ):
-    """One layer step: take tickets until ``end_wob`` (the task count) or an error.
+    """One layer step: take tickets until ``end_wob`` (the task count) or an error, a loop a
+    stage.
 
     With ``TRACE`` each task's start and end (``%globaltimer``, waits included) and
     the program that ran it go to ``trace[ticket]`` (NVIDIA only; not in the interpreter).
@@ -881,99 +885,104 @@ def mono_kernel(
     ok = t >= 0
     seen = ctl_ptr.to(tl.int64)  # address of the mailbox this program's last GEMV task waited on
     held = t * 0 - 1  # a ticket taken ahead (GEMV_PAIRS), -1 when none
-    while (t < end_wob) & ok:
-        if TRACE:
-            started = globaltimer_tl(t)
-        paired = t * 0 - 1  # the ticket run together with t, -1 when none
-        # Nested: a constexpr joined to a tensor with `and` is not dropped at compile time by
-        # every Triton (nor is a chain of three accepted), so constexpr guards stand alone.
-        if GEMV_PAIRS:  # noqa: SIM102
-            if ((t >= end_norm) & (t < end_wqb)) | (t >= end_woa):
-                held = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
-                if held < tl.where(t < end_wqb, end_wqb, end_wob):  # the same stage as t
-                    paired = held
-                    held = t * 0 - 1
-        pair = False  # a constexpr unless GEMV_PAIRS: no pair code in the kernel then
-        if GEMV_PAIRS:
-            pair = paired >= 0
-        if t < end_xq:  # xq is the first stage: its task index is the ticket
-            _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
-            _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
-        elif t < end_wqkv:
-            ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
-                                  wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
-                                  QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
-                                 MMA_SPLIT)
-        elif t < end_norm:
-            ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
-            if ok:
-                _norm(t - end_wqkv, qkvp_ptr, q_norm_ptr, kv_norm_ptr, qx8_ptr, qx8s_ptr, pos_ptr,
-                      slot_ptr, cos_ptr, sin_ptr, rope_rows, win_ptr, win_slots, cap, eps,
-                      Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
-            _arrive(qrdy_ptr, S, tag, ok)
-        elif t < end_wqb:
-            if pair:
-                ok, seen = _wqb_pair(t, t - end_norm, paired - end_norm, qx8_ptr, qx8s_ptr,
-                                     qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr,
-                                     rope_rows, S, seen, tag, spin_limit, ctl_ptr, Q_RANK, NOPE,
-                                     HEADS, BK_QR, CVT_PTX)
-            else:
-                ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, wqb_ptr,
-                                     wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, seen, tag,
-                                     spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS, TB, BK_QR, EXACT,
+    # A loop a stage (module docstring): on gfx942 one loop over every stage spilled 48 VGPRs
+    # at 8 waves (tp 4, M = 1), attention's hoisted addresses live through the GEMV stages.
+    for STAGE in tl.static_range(8):
+        end = (end_xq, end_wqkv, end_norm, end_wqb, end_attn, end_combine, end_woa, end_wob)[STAGE]
+        while (t < end) & ok:
+            if TRACE:
+                started = globaltimer_tl(t)
+            paired = t * 0 - 1  # the ticket run together with t, -1 when none
+            pair = False  # a constexpr unless GEMV_PAIRS: no pair code in the kernel then
+            # Nested: a constexpr joined to a tensor with `and` is not dropped at compile time
+            # by every Triton, so constexpr guards stand alone.
+            if GEMV_PAIRS:  # noqa: SIM102
+                if (STAGE == 3) or (STAGE == 7):  # wq_b, wo_b
+                    held = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
+                    if held < end:  # the same stage as t
+                        paired = held
+                        held = t * 0 - 1
+                    pair = paired >= 0
+            if STAGE == 0:  # xq is the first stage: its task index is the ticket
+                _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
+                _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
+            elif STAGE == 1:
+                ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
+                                      wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
+                                      QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
+                                      MMA_SPLIT)
+            elif STAGE == 2:
+                ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
+                if ok:
+                    _norm(t - end_wqkv, qkvp_ptr, q_norm_ptr, kv_norm_ptr, qx8_ptr, qx8s_ptr,
+                          pos_ptr, slot_ptr, cos_ptr, sin_ptr, rope_rows, win_ptr, win_slots, cap,
+                          eps, Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
+                _arrive(qrdy_ptr, S, tag, ok)
+            elif STAGE == 3:
+                if pair:
+                    ok, seen = _wqb_pair(t, t - end_norm, paired - end_norm, qx8_ptr, qx8s_ptr,
+                                         qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr,
+                                         sin_ptr, rope_rows, S, seen, tag, spin_limit, ctl_ptr,
+                                         Q_RANK, NOPE, HEADS, BK_QR, CVT_PTX)
+                else:
+                    ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr,
+                                         wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
+                                         S, seen, tag, spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS,
+                                         TB, BK_QR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
+                                         MMA_SPLIT)
+            elif STAGE == 4:
+                i = t - end_wqb
+                s = i // (HEAD_TILES * CHUNKS)
+                tile = (i // CHUNKS) % HEAD_TILES
+                ok = _wait(qrdy_ptr, tag, spin_limit, ctl_ptr, t)  # records inserted
+                if ok:
+                    ok = _attn(s, tile, i % CHUNKS, q_ptr, key_ptr, win_ptr, comp_ptr, win_slots,
+                               comp_slots, part_ptr, pstat_ptr, qrdy_ptr + 2 * (1 + tile), tag,
+                               spin_limit, ctl_ptr, t, scale, HEADS, HEADS_P, KEYS, KC, KS,
+                               CHUNKS, WIN_BLOCK, COMP_BLOCK, HAS_COMP, EXACT)
+                _arrive(srdy_ptr + 2 * (s * HEAD_TILES + tile), CHUNKS, tag, ok)
+            elif STAGE == 5:
+                i = t - end_attn
+                st = i // COMBINE_PARTS_  # (token, tile) pair: its srdy mailbox
+                tile = st % HEAD_TILES
+                ok = _wait(srdy_ptr + 2 * st, tag, spin_limit, ctl_ptr, t)
+                if ok:
+                    _combine(st // HEAD_TILES, tile, i % COMBINE_PARTS_, part_ptr, pstat_ptr,
+                             sink_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr, xos_ptr,
+                             HEADS, HEADS_P, CHUNKS, CHUNKS_P, GROUP_K, NOPE)
+                _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
+            elif STAGE == 6:
+                ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
+                                     wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr,
+                                     woa_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HEADS,
+                                     O_RANK, GROUP_K, O_ROWS, WOA_PARTS, TB, BK_GK, EXACT,
                                      GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT)
-        elif t < end_attn:
-            i = t - end_wqb
-            s = i // (HEAD_TILES * CHUNKS)
-            tile = (i // CHUNKS) % HEAD_TILES
-            ok = _wait(qrdy_ptr, tag, spin_limit, ctl_ptr, t)  # records inserted
-            if ok:
-                ok = _attn(s, tile, i % CHUNKS, q_ptr, key_ptr, win_ptr, comp_ptr, win_slots,
-                           comp_slots, part_ptr, pstat_ptr, qrdy_ptr + 2 * (1 + tile), tag,
-                           spin_limit, ctl_ptr, t, scale, HEADS, HEADS_P, KEYS, KC, KS,
-                           CHUNKS, WIN_BLOCK, COMP_BLOCK, HAS_COMP, EXACT)
-            _arrive(srdy_ptr + 2 * (s * HEAD_TILES + tile), CHUNKS, tag, ok)
-        elif t < end_combine:
-            i = t - end_attn
-            st = i // COMBINE_PARTS_  # (token, tile) pair: its srdy mailbox
-            tile = st % HEAD_TILES
-            ok = _wait(srdy_ptr + 2 * st, tag, spin_limit, ctl_ptr, t)
-            if ok:
-                _combine(st // HEAD_TILES, tile, i % COMBINE_PARTS_, part_ptr, pstat_ptr, sink_ptr,
-                         pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr, xos_ptr, HEADS, HEADS_P,
-                         CHUNKS, CHUNKS_P, GROUP_K, NOPE)
-            _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
-        elif t < end_woa:
-            ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
-                                 wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr, woa_s_ptr,
-                                 S, cap, seen, tag, spin_limit, ctl_ptr, HEADS, O_RANK, GROUP_K,
-                                 O_ROWS, WOA_PARTS, TB, BK_GK, EXACT, GEMV_CORES, GEMV_WORDS,
-                                 CVT_PTX, MMA_SPLIT)
-        else:
-            if pair:
-                ok, seen = _wob_pair(t, t - end_woa, paired - end_woa, x8b_ptr, x8bs_ptr,
-                                     ardy_ptr, y_ptr, wob_ptr, wob_s_ptr, S, seen, tag, spin_limit,
-                                     ctl_ptr, HIDDEN, O_ROWS, BK_OR, CVT_PTX)
             else:
-                ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, wob_ptr,
-                                     wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr, HIDDEN, O_ROWS,
-                                     TB, BK_OR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT)
-        if TRACE:
-            ended = globaltimer_tl(t)
-            _trace(trace_ptr, t, started, ended)
-            if GEMV_PAIRS:
-                _trace(trace_ptr, paired, started, ended)
-        if ok:
-            # An atomic: one thread takes the ticket and the CTA shares it, so every thread
-            # leaves the loop together. A timed-out wait pushed the counter past every task.
-            take = True
-            if GEMV_PAIRS:
-                take = held < 0
-            if take:
-                t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
-            else:
-                t = held
-                held = t * 0 - 1
+                if pair:
+                    ok, seen = _wob_pair(t, t - end_woa, paired - end_woa, x8b_ptr, x8bs_ptr,
+                                         ardy_ptr, y_ptr, wob_ptr, wob_s_ptr, S, seen, tag,
+                                         spin_limit, ctl_ptr, HIDDEN, O_ROWS, BK_OR, CVT_PTX)
+                else:
+                    ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr,
+                                         wob_ptr, wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr,
+                                         HIDDEN, O_ROWS, TB, BK_OR, EXACT, GEMV_CORES, GEMV_WORDS,
+                                         CVT_PTX, MMA_SPLIT)
+            if TRACE:
+                ended = globaltimer_tl(t)
+                _trace(trace_ptr, t, started, ended)
+                if GEMV_PAIRS:
+                    _trace(trace_ptr, paired, started, ended)
+            if ok:
+                # An atomic: one thread takes the ticket and the CTA shares it, so every thread
+                # leaves the loop together. A timed-out wait pushed the counter past every task.
+                take = True
+                if GEMV_PAIRS:
+                    take = held < 0
+                if take:
+                    t = tl.atomic_add(ctl_ptr + CTL_TICKET_, 1, sem="relaxed", scope="gpu")
+                else:
+                    t = held
+                    held = t * 0 - 1
     # The last program out resets the ticket and advances the epoch for the next step.
     done = tl.atomic_add(ctl_ptr + CTL_FINISHED_, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:

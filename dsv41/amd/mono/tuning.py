@@ -40,14 +40,15 @@ PAIRS = True
 KEY_CHUNK = 64  # keys of an attention task (at most)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 NUM_WARPS = 8  # warps of a program (one program a multiprocessor); 16 was slower
-# On ROCm (gfx942, gfx950; compiled, never run): 4 waves a program, 16-key slices, GEMV blocks
-# of 128 columns and weight words at one token only (2 .. 4 tokens in words: 98 VGPR spills on
-# gfx950 at tp 4) compile without a VGPR spill at tp 2 and 4, 1 .. 48 tokens (docs/amd.md);
-# at 8 waves attention's lane-invariant shared-memory addresses, hoisted out of the persistent
-# loop, leave too few of 256 VGPRs a lane (26 spills or more, whatever the tiles).
-ROCM_NUM_WARPS = 4
+# On ROCm (gfx942, gfx950; compiled, never run): 8 waves a program as on NVIDIA, with 16-key
+# slices, GEMV blocks of 128 columns, every tensor-core block in 8 K segments and weight words
+# at one token only: no VGPR spill at tp 2 and 4, 1 .. 48 tokens (docs/amd.md). The NVIDIA tiles
+# spill on gfx942 at 8 waves (tp 4, M = 1 / 4 / 16: 36 / 54 / 74; 16-key slices and 128-column
+# blocks at M = 48 in whole blocks: 171).
+ROCM_NUM_WARPS = 8
 ROCM_KEY_SLICE = 16
 ROCM_GEMV_BLOCK = 128
+ROCM_MMA_SPLIT = MMA_SPLIT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,8 @@ def resolve(dims: Dims, tokens: int, platform: Platform | None = None, **changes
     )
     if rocm:
         base = dataclasses.replace(base, gemv_block=ROCM_GEMV_BLOCK, key_slice=ROCM_KEY_SLICE,
-                                   num_warps=ROCM_NUM_WARPS)
+                                   num_warps=ROCM_NUM_WARPS,
+                                   mma_split=1 if cores else ROCM_MMA_SPLIT)
     if "gemv_cores" in changes:  # words, pairs and the split follow the loop unless given
         cores = changes["gemv_cores"]
         changes = {"gemv_words": words(cores), "mma_split": 1 if cores else None, **changes}
