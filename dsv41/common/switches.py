@@ -43,13 +43,6 @@ def pdl() -> bool | None:
     return env_flag("DSV41_PDL", None)
 
 
-def e4m3_mma() -> bool:
-    """``$DSV41_E4M3_MMA``: the nvidia MMA loop multiplies e4m3 values on the tensor cores, a
-    32-wide MX block an MMA, where the platform has them (1), for A/B runs against exactly
-    dequantized bf16 operands (0, the default)."""
-    return bool(env_flag("DSV41_E4M3_MMA", False))
-
-
 def validate() -> bool:
     """``$DSV41_VALIDATE``: every layer checks the values of a step's inputs before it runs (1),
     as ``DSV41Attention(validate=True)`` does; off (0, the default) on the serving path."""

@@ -106,14 +106,12 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
 
 
 @functools.cache
-def _cached(dims: Dims, sms: int, bucket: int, pdl: bool | None, platform: Platform,
-            e4m3_mma: bool) -> Tuning:  # fmt: skip
-    # pdl, platform and e4m3_mma: the cache key of what resolve reads
-    return resolve(dims, sms, bucket)
+def _cached(dims: Dims, sms: int, bucket: int, pdl: bool | None, platform: Platform) -> Tuning:
+    return resolve(dims, sms, bucket)  # pdl and platform: the cache key of what resolve reads
 
 
 def tuning_for(dims: Dims, device: torch.device, tokens: int) -> Tuning:
     """``resolve`` for ``device``'s SM count, once a (geometry, SM count, bucket, platform,
-    ``DSV41_PDL``, ``DSV41_E4M3_MMA``)."""
+    ``DSV41_PDL``)."""
     return _cached(dims, sm_count(device), bucket_for(tokens), switches.pdl(),
-                   current_platform(), switches.e4m3_mma())  # fmt: skip
+                   current_platform())  # fmt: skip

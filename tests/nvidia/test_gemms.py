@@ -24,7 +24,7 @@ from dsv41.common.mx import (
     mxfp8_quantize,
     quantize_weight_blocks,
 )
-from dsv41.common.platform import Platform, parse_target, targeting
+from dsv41.common.platform import parse_target, targeting
 from dsv41.common.reference import mx_linear, rmsnorm, wo_a_grouped
 from dsv41.common.rope import apply_rope, rope_tables
 from dsv41.common.weights import LayerWeights
@@ -36,16 +36,12 @@ from dsv41.nvidia.ops.mx_gemm import (
     GEMV_SPLIT_TILE_BYTES,
     GEMV_TAIL_BYTES,
     GEMV_TILE_BYTES,
-    DOT_BF16,
-    DOT_E4M3,
-    DOT_F32,
     PROGRAMS_PER_SM,
     TRACE_FIELDS,
     GemmConfig,
     GemvRules,
     NormInput,
     Scratch,
-    dot_mode,
     gemm_config,
     mx_gemm,
 )
@@ -137,44 +133,6 @@ def test_wo_b(layer):
     z8 = mxfp8_quantize(x_of(5, layer.dims.o_rows, 30))
     got = mx_gemm(z8, layer.wo_b, layer.wo_b_scale)
     assert_bf16_close(got, mx_linear(z8, layer.wo_b, layer.wo_b_scale))
-
-
-def test_mma_loop_arithmetic_by_platform(monkeypatch):
-    """Exactly dequantized operands by default (bf16 on a GPU, fp32 in the interpreter);
-    ``DSV41_E4M3_MMA=1``: e4m3 products on SM90 and in the interpreter only (gfx942's fp8 is
-    e4m3fnuz, SM100's partials would leave tensor memory)."""
-    interpreter = Platform("cpu", "", interpret=True)
-    assert dot_mode(interpreter) == DOT_F32.value
-    assert dot_mode(parse_target("sm90")) == DOT_BF16.value
-    monkeypatch.setenv("DSV41_E4M3_MMA", "1")
-    assert dot_mode(interpreter) == DOT_E4M3.value
-    assert dot_mode(parse_target("sm90")) == DOT_E4M3.value
-    for target in ("sm100", "gfx942", "gfx950"):
-        assert dot_mode(parse_target(target)) == DOT_BF16.value, target
-    with targeting(parse_target("sm90")):  # its K steps: four MX blocks, three stages
-        cfg = gemm_config(48, 8192, 1280, n_per_group=8192, quant_out=False, sms=132)
-    assert (cfg.block_k, cfg.num_stages) == (128, 3), cfg
-
-
-@pytest.mark.parametrize("e4m3", [False, True])
-@pytest.mark.parametrize("block_k", [64, 128])
-def test_mma_loop_products_match_the_reference(layer, monkeypatch, e4m3, block_k):
-    """The MMA loop's two arithmetics (e4m3 products a 32-wide MX block, exactly dequantized
-    operands) against seams qkv (x cast in the prologue) and z with its MXFP8 (MXFP8 xo,
-    grouped, split K); codes read as bytes (64-column steps) and as words of four (128)."""
-    monkeypatch.setenv("DSV41_E4M3_MMA", str(int(e4m3)))
-    dims, model, m = layer.dims, layer.dims.model, 5
-    x = x_of(m, model.hidden, 90)
-    xo = mxfp8_quantize(x_of(m, dims.heads * model.head_dim, 91))
-    z8 = (torch.empty(m, dims.o_rows, dtype=E4M3),
-          torch.empty(m, dims.o_rows // 32, dtype=torch.uint8))  # fmt: skip
-    cfg = GemmConfig(block_m=16, block_n=32, block_k=block_k, split_k=2)
-    qkv = mx_gemm(x, layer.wqkv, layer.wqkv_scale, scratch=Scratch(), config=cfg)
-    z = mx_gemm(xo, layer.wo_a, layer.wo_a_scale, out8=z8, n_per_group=model.o_rank,
-                scratch=Scratch(), config=cfg)  # fmt: skip
-    assert_bf16_close(qkv, mx_linear(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale))
-    assert_bf16_close(z, wo_a_grouped(layer, mxfp8_dequantize(*xo)).reshape(m, dims.o_rows))
-    assert_mx_close(z8, mxfp8_quantize(z))
 
 
 @pytest.mark.parametrize("tail", [False, True])
@@ -466,15 +424,11 @@ import json, re, sys
 from sm90 import sm90_ptx
 from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
-          "DOT": 0, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
-          "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
+          "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
+          "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
           "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
-          "HW_E4M3": True, "CODE_WORDS": True, "RP_PER": 0, "RP_PAD": 1, "RP_TOTAL": 0,
-          "RP_FMT": 0, "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
-if sys.argv[1] == "mma":  # e4m3 products: steps of four MX blocks, their codes a word a row
-    consts.update(BLOCK_K=128)
-if sys.argv[1] == "mma_bf16":  # the dequantized operands (ROCm's arithmetic)
-    consts.update(DOT=1, CODE_WORDS=False)
+          "HW_E4M3": True, "RP_PER": 0, "RP_PAD": 1, "RP_TOTAL": 0, "RP_FMT": 0,
+          "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
 if sys.argv[2:] == ["records"]:  # 640 entries of fp8_ds_mla records over 512 programs
     consts.update(RP_PER=2, RP_PAD=2, RP_TOTAL=640)
 if consts["GEMV"]:
@@ -487,10 +441,8 @@ ptx = sm90_ptx(fn, consts, kinds, lambda n, k: k[0] == "*" or n.startswith("stri
 before_wait = ptx.split("griddepcontrol.wait")[0]
 print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait))} |
                  {k: len(re.findall(p, ptx)) for k, p in
-                  {"cp_async": r"cp\.async\.c[ga]\.shared\.global", "mma": r"mma\.sync|wgmma",
-                   "e4m3_wgmma": r"wgmma\.mma_async\S*\.e4m3\.e4m3",
-                   "to_bf16": r"cvt\.rn\.bf16x2\.f32", "byte_loads": r"ld\.global\S*\.b8",
-                   "waits": r"griddepcontrol\.wait"}.items()}
+                  {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
+                   "byte_loads": r"ld\.global\.b8", "waits": r"griddepcontrol\.wait"}.items()}
                  | {"l2_prefetch_before_wait": len(re.findall(r"cp\.async\.bulk\.prefetch\.L2",
                                                               before_wait))}))
 """
@@ -506,18 +458,14 @@ def test_records_ahead_are_asked_of_the_l2_before_the_wait():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
-@pytest.mark.parametrize("loop", ["mma", "mma_bf16", "gemv"])
+@pytest.mark.parametrize("loop", ["mma", "gemv"])
 def test_weight_stream_compiles_to_wide_loads_for_sm90(loop):
-    """wq_b compiled for SM90 without a GPU: the MMA loop's weights (and, with e4m3 products,
-    its codes as words) arrive by cp.async, the CUDA-core loop's by 16-byte vector loads
-    straight to registers, issued before the PDL wait; never by byte loads. With e4m3
-    products the warpgroup MMAs take e4m3 operands and no weight is converted to bf16."""
+    """wq_b compiled for SM90 without a GPU: the MMA loop's weights arrive by cp.async, the
+    CUDA-core loop's by 16-byte vector loads straight to registers, issued before the PDL
+    wait; never by byte loads."""
     counts = ptx_facts(SM90_COMPILE, loop)
     if loop == "mma":
-        assert counts["cp_async"] > 0 and counts["e4m3_wgmma"] > 0, counts
-        assert counts["to_bf16"] <= 8, counts  # the epilogue's bf16 out: 16 x 64 over 128 threads
-    elif loop == "mma_bf16":
-        assert counts["cp_async"] > 0 and counts["mma"] > 0 and counts["e4m3_wgmma"] == 0, counts
+        assert counts["cp_async"] > 0 and counts["mma"] > 0, counts
     else:  # 64 x 256 bytes over 256 threads: four 16-byte loads each
         assert counts["waits"] == 1 and counts["wide_before_wait"] >= 4, counts
         assert counts["mma"] == 0, counts

@@ -84,14 +84,6 @@ def test_step_matches_reference(layer, fmt, m):
     check_seams(layer, *run_both(layer, sc))
 
 
-def test_step_with_e4m3_products_matches_reference(layer, monkeypatch):
-    """``DSV41_E4M3_MMA=1``: the MMA loop (M = 5) multiplies e4m3 values a 32-wide MX block
-    and promotes each block's partial with both scales; the same seams."""
-    monkeypatch.setenv("DSV41_E4M3_MMA", "1")
-    sc = make_scenario(layer.dims, LAYER_ID, 5, fmt="fp8_ds_mla", seed=5)
-    check_seams(layer, *run_both(layer, sc))
-
-
 @pytest.mark.parametrize("change", ["z_cast", "no_tail"])
 def test_one_token_step_with_z_cast_in_wo_a(layer, change):
     """One token with z cast in wo_a's epilogue and wo_b on z8, as two tokens run: z's cast in

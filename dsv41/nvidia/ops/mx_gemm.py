@@ -24,12 +24,9 @@ program writes an fp32 partial and the last of a tile's programs to arrive
 (an acq_rel ticket that it resets, so the launch is CUDA-graph safe) sums the
 partials in split order and runs the epilogue: bf16 out and, with
 ``QUANT_OUT``, the MXFP8 cast of that bf16 tile (``BLOCK_N`` a multiple of 32).
-The MMA loop dequantizes each value exactly (e4m3 times a power of two) to bf16
-operands on the GPU, fp32 under the interpreter (whose bf16 dot is broken),
-accumulated in fp32; with ``DSV41_E4M3_MMA=1`` (an A/B run, ``dot_mode``) on
-SM90 and under the interpreter each 32-wide MX block's e4m3 products go to one
-fp8 MMA with a fresh fp32 accumulator, weighted by both blocks' E8M0 scales
-into the fp32 sum. Buckets up to ``GEMV_MAX_M`` (two tokens)
+Products of MXFP8 values are exact in bf16 and tf32, so the dot runs on bf16
+operands on the GPU and on fp32 operands under the interpreter (whose bf16
+dot is broken); both accumulate in fp32. Buckets up to ``GEMV_MAX_M`` (two tokens)
 take a CUDA-core loop instead (``GEMV``): one weight tile a program, loaded
 before the PDL wait, fp32 FMAs, no MMA tile padded to 16 rows (a config may give
 a program ``k_steps`` tiles along K, unrolled: with ``split_k = 1`` no partial
@@ -49,7 +46,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41.common import switches
 from dsv41.common.mx import (
     E4M3,
     MX_BLOCK,
@@ -62,7 +58,7 @@ from dsv41.common.mx import (
     mx_round_tl,
 )
 from dsv41.common.norm_tl import rms_factor_of_tl, rms_factor_tl
-from dsv41.common.platform import Platform, current_platform
+from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.timer_tl import globaltimer_tl, smid_tl
 from dsv41.nvidia.ops.launch import bucket_for, interpreting, sm_count
@@ -73,10 +69,6 @@ A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
 A_O = tl.constexpr(2)  # a is a standard-layout bf16 o: inverse RoPE + fused O columns + cast
 A_NORM = tl.constexpr(3)  # a is bf16 qr: RMSNorm * weight, bf16, cast (the CUDA-core loop)
-# The MMA loop's arithmetic (``dot_mode``): e4m3 products, or exactly dequantized bf16 / fp32
-DOT_E4M3 = tl.constexpr(0)  # e4m3 x e4m3 a 32-wide MX block on tensor cores, fp32 partials scaled
-DOT_BF16 = tl.constexpr(1)  # e4m3 * 2^(code - 127) as bf16 operands (exact), fp32 accumulation
-DOT_F32 = tl.constexpr(2)  # the same as fp32 operands, IEEE (the interpreter's bf16 dot is broken)
 _MX = tl.constexpr(MX_BLOCK)  # 32
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
@@ -90,12 +82,6 @@ O_PROLOGUE_BLOCK_K = 128
 # VGPRs + 256 AGPRs a lane and spill (kernel_facts --target gfx942 --tp 1 --tokens 32: 12-14
 # VGPR, ~260 SGPR spills a GEMM); 128 spills nothing there.
 ROCM_BLOCK_K_MAX = 128
-# With e4m3 products a K step is four MX blocks, whose codes are one int32 word a row: a thread
-# holds a scale of every block of a step for each of its token columns (16 of a 64-row tile),
-# and 256 columns a step spill on SM90 (wo_a / wo_b at 255 registers, 256-304 B;
-# kernel_facts --target sm90 --tp 4 --tokens 48); 3 stages keep 256 columns in flight.
-E4M3_BLOCK_K = 128
-E4M3_STAGES = 3
 # The CUDA-core loop (GEMV) serves token buckets up to GEMV_MAX_M; each program's first weight
 # tile is in flight before the PDL wait. Where whole rows of K fit GEMV_TILE_BYTES in at most
 # GEMV_MAX_STEPS unrolled K steps, a program takes whole rows: no split-K partials, ticket or
@@ -131,85 +117,6 @@ def _mx_tile(
     v = tl.load(v_ptr + rows[:, None] * stride_v + k[None, :], mask=row_ok[:, None], other=0.0)
     c = tl.load(c_ptr + rows[:, None] * stride_c + kc[None, :], mask=row_ok[:, None], other=0)
     return mx_dequantize_tl(v, c.to(tl.int32), BLOCK_R, BLOCK_K)
-
-
-@triton.jit
-def _code_word(ptr, rows, ok, stride, c0, c_end):
-    """The int32 word of E8M0 codes ``c0 .. c0 + 3`` (``c0 % 4 == 0``) of each of ``rows``
-    (``stride`` codes a row, a multiple of 4), 0 from ``c_end`` on: one 4-byte load a row for
-    four MX blocks."""
-    return tl.load(ptr.to(tl.pointer_type(tl.int32)) + rows * (stride // 4) + c0 // 4,
-                   mask=ok & (rows * 0 + c0 < c_end), other=0)  # fmt: skip
-
-
-@triton.jit
-def _block_code(ptr, rows, ok, stride, c, word, b: tl.constexpr, CODE_WORDS: tl.constexpr):
-    """The E8M0 code (int32) of MX block ``c`` of each of ``rows``: byte ``b`` of the step's
-    ``word`` (``CODE_WORDS``), else a byte load."""
-    if CODE_WORDS:
-        code = (word >> (8 * b)) & 0xFF
-    else:
-        code = tl.load(ptr + rows * stride + c, mask=ok, other=0).to(tl.int32)
-    return code
-
-
-@triton.jit
-def _mma_e4m3_loop(a_ptr, a_codes_ptr, w_ptr, w_codes_ptr, pos_ptr, cos_ptr, sin_ptr, rows, row_ok,
-                   n64, n_ok, group, stride_am, stride_acm, k_lo, k_hi, K: tl.constexpr,
-                   A_MODE: tl.constexpr, G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   NOPE: tl.constexpr, HALF_ROPE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HW_E4M3: tl.constexpr,
-                   CODE_WORDS: tl.constexpr):  # fmt: skip
-    """``out^T [BLOCK_N, BLOCK_M]`` over columns ``k_lo .. k_hi``: each 32-wide MX block's e4m3
-    products summed by one fp8 MMA into a fresh fp32 partial, then weighted by the weight's and
-    the activation's E8M0 scales (powers of two: exact) into the fp32 sum. Weight rows are the
-    MMA's M (64 a warpgroup) and tokens its N, so a 16-token tile takes warpgroup MMAs; a block
-    alone keeps each MMA's short accumulation inside one block. ``CODE_WORDS`` (a step of four
-    blocks, every row's codes 4-byte aligned): a step's codes are one int32 word a row, the
-    weight's loaded a step ahead (the pipeliner leaves these loads in the loop, where they
-    would wait)."""
-    j = tl.arange(0, _MX)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    a_c0 = (group * K) // _MX  # the activation's first code of this group
-    w_word = n64.to(tl.int32)  # unused without CODE_WORDS
-    a_step = rows
-    if CODE_WORDS:
-        tl.static_assert(BLOCK_K == 4 * _MX, "a code word serves a step of four MX blocks")
-        w_word = _code_word(w_codes_ptr, n64, n_ok, K // _MX, k_lo // _MX, k_hi // _MX)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        w_step = w_word
-        if CODE_WORDS:  # the next step's weight codes (from HBM) in flight during this step's
-            # MMAs; the activation's (just written: in the L2) this step's, as two steps of
-            # them spilled 24-56 B a 64-token GEMM (Triton 3.6)
-            w_word = _code_word(w_codes_ptr, n64, n_ok, K // _MX, (k0 + BLOCK_K) // _MX,
-                                k_hi // _MX)  # fmt: skip
-            if A_MODE == A_MX:
-                a_step = _code_word(a_codes_ptr, rows, row_ok, stride_acm, a_c0 + k0 // _MX,
-                                    a_c0 + k_hi // _MX)  # fmt: skip
-        for b in tl.static_range(BLOCK_K // _MX):
-            kb = k0 + b * _MX
-            w8 = tl.load(w_ptr + n64[:, None] * K + (j + kb)[None, :], mask=n_ok[:, None],
-                         other=0.0)  # fmt: skip
-            wc = _block_code(w_codes_ptr, n64, n_ok, K // _MX, kb // _MX, w_step, b, CODE_WORDS)
-            if A_MODE == A_MX:
-                a8 = tl.load(a_ptr + rows[:, None] * stride_am + (j + group * K + kb)[None, :],
-                             mask=row_ok[:, None], other=0.0)  # fmt: skip
-                ac = _block_code(a_codes_ptr, rows, row_ok, stride_acm, a_c0 + kb // _MX, a_step,
-                                 b, CODE_WORDS)  # fmt: skip
-                sa = e8m0_scale_tl(ac)
-            else:
-                if A_MODE == A_CAST:
-                    x = tl.load(a_ptr + rows[:, None] * stride_am + (j + kb)[None, :],
-                                mask=row_ok[:, None], other=0.0).to(tl.float32)  # fmt: skip
-                else:
-                    x = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, kb, group, row_ok,
-                                        stride_am, G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M,
-                                        _MX)  # fmt: skip
-                values, scales = mx_parts_tl(x, BLOCK_M, _MX, HW_E4M3)
-                a8 = values.to(tl.float8e4nv)
-                sa = tl.reshape(scales, (BLOCK_M,))
-            acc += tl.dot(w8, tl.trans(a8)) * e8m0_scale_tl(wc)[:, None] * sa[None, :]
-    return acc
 
 
 @triton.jit
@@ -401,7 +308,7 @@ def mx_gemm_kernel(
     N_PER_GROUP: tl.constexpr,
     A_MODE: tl.constexpr,
     QUANT_OUT: tl.constexpr,
-    DOT: tl.constexpr,
+    DOT_BF16: tl.constexpr,
     GEMV: tl.constexpr,
     G: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -418,7 +325,6 @@ def mx_gemm_kernel(
     A8_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
-    CODE_WORDS: tl.constexpr = False,
     rp_table_ptr=None,
     rp_win_ptr=None,
     rp_comp_ptr=None,
@@ -539,13 +445,6 @@ def mx_gemm_kernel(
                     _store_a8(a_ptr, out8_ptr, out8_codes_ptr, pid_m * BLOCK_M, M, stride_am,
                               stride_o8m, stride_o8cm, (pid_k + 1) * K_SPLIT - K_TAIL,
                               K_TAIL // _MX, BLOCK_M)  # fmt: skip
-    elif DOT == DOT_E4M3:
-        tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
-        acc = tl.trans(_mma_e4m3_loop(a_ptr, a_codes_ptr, w_ptr, w_codes_ptr, pos_ptr, cos_ptr,
-                                      sin_ptr, rows, row_ok, n64, n_ok, group, stride_am,
-                                      stride_acm, pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, K,
-                                      A_MODE, G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_N,
-                                      BLOCK_K, HW_E4M3, CODE_WORDS))  # fmt: skip
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
@@ -573,7 +472,7 @@ def mx_gemm_kernel(
                 o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
                                     G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
                 a = mx_round_tl(o, BLOCK_M, BLOCK_K)
-            if DOT == DOT_BF16:
+            if DOT_BF16:
                 acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
             else:
                 acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
@@ -725,7 +624,7 @@ def gemm_config(
 
     Token buckets up to ``rules.max_m`` take the CUDA-core loop where ``gemv_ok``. A
     function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves;
-    on ROCm K steps are at most ``ROCM_BLOCK_K_MAX``, with e4m3 products ``E4M3_BLOCK_K``.
+    on ROCm K steps are at most ``ROCM_BLOCK_K_MAX``.
     """
     m = bucket_for(m)
     if gemv_ok and m <= rules.max_m:
@@ -733,12 +632,8 @@ def gemm_config(
     block_m = block_m_for(m)
     # 64-row tiles split over K measured best on the H200 at every site (profile_step.py --sweep)
     block_n = 64 if n_per_group % 64 == 0 else 32
-    platform = current_platform()
-    if platform.kind == "rocm":
+    if current_platform().kind == "rocm":
         block_k_max = min(block_k_max, ROCM_BLOCK_K_MAX)
-    e4m3 = dot_mode(platform) == DOT_E4M3.value
-    if e4m3:
-        block_k_max = min(block_k_max, E4M3_BLOCK_K)
     block_k = block_k_max  # the largest power of two <= block_k_max dividing K (K % 32 == 0)
     while k % block_k:
         block_k //= 2
@@ -751,21 +646,8 @@ def gemm_config(
             block_k //= 2
         else:
             break
-    # A program runs few K steps: 2 stages and 4 warps beat 4 / 8 at M = 1 and 48 (H200 sweep);
-    # e4m3 products' half-size steps keep as many bytes in flight with 3.
-    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4,
-                      num_stages=E4M3_STAGES if e4m3 else 2)  # fmt: skip
-
-
-def dot_mode(platform: Platform) -> int:
-    """The MMA loop's arithmetic on ``platform``: e4m3 products where ``DSV41_E4M3_MMA`` asks
-    for them (A/B runs) on SM90 (warpgroup MMAs straight from shared memory) or in the
-    interpreter; else exactly dequantized operands, bf16 on a GPU, fp32 in the interpreter.
-    gfx942's fp8 is e4m3fnuz, not the weights' OCP e4m3fn; on SM100 each block's partial
-    leaves tensor memory for the scaling and spills (536-552 B a GEMM at tp 4, M = 48)."""
-    if switches.e4m3_mma() and (platform.interpret or platform.arch == "sm90"):
-        return DOT_E4M3.value
-    return DOT_F32.value if platform.interpret else DOT_BF16.value
+    # A program runs few K steps: 2 stages and 4 warps beat 4 / 8 at M = 1 and 48 (H200 sweep).
+    return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2)
 
 
 class Scratch:
@@ -973,11 +855,6 @@ def mx_gemm(
     else:
         part = tickets = out
     o8v, o8c = out8 if quant else a8_out if a8_out is not None else (out, out)
-    # E8M0 codes read as an int32 word a row a step of four MX blocks, where rows are aligned
-    words = 4 * MX_BLOCK
-    a_aligned = mode != A_MX or stride_acm % 4 == 0 and a_codes.data_ptr() % 4 == 0
-    code_words = (cfg.block_k == words and k % words == 0 and w_scale.data_ptr() % 4 == 0
-                  and a_aligned)  # fmt: skip
     pdl = pdl_enabled(m) if pdl is None else pdl and current_platform().pdl
     mx_gemm_kernel[grid](
         a_val,
@@ -1006,9 +883,8 @@ def mx_gemm(
         N_PER_GROUP=n_per_group,
         A_MODE=mode,
         QUANT_OUT=quant,
-        DOT=dot_mode(current_platform()),
+        DOT_BF16=not interpreting(),
         HW_E4M3=not interpreting(),
-        CODE_WORDS=code_words,
         GEMV=cfg.gemv,
         K_PAD=triton.next_power_of_2(k),
         BLOCK_M=cfg.block_m,
