@@ -26,7 +26,7 @@ from dsv41.common.fused_layout import (
     permute,
     q_fused_permutation,
 )
-from dsv41.common.kv_cache import PagedKVCache, decode_key_table, pack_records, unpack_records
+from dsv41.common.kv_cache import PagedKVCache, gather_keys, pack_records
 from dsv41.common.mx import E4M3, E4M3_MAX, dequantize_weight, e4m3_saturate
 from dsv41.common.reference import rmsnorm
 from dsv41.common.rope import apply_inverse_rope, apply_rope, rope_tables
@@ -114,21 +114,6 @@ def _store_records(cache: PagedKVCache, slots: torch.Tensor, kv: torch.Tensor) -
     cache.scatter_records(at, torch.where(inside[:, None], new, cache.gather_records(at)))
 
 
-def _gather_keys(inputs: StepInputs, window: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(keys bf16 [M, KEYS, 512], valid bool [M, KEYS])``: every key-table entry's record,
-    read from both caches and picked by the entry's flag (an entry reads slot 0 of a cache it
-    is not valid in)."""
-    comp = inputs.compressed_cache
-    is_comp, slot, valid = decode_key_table(inputs.key_table, window.num_slots,
-                                            0 if comp is None else comp.num_slots)  # fmt: skip
-    is_comp, slot, valid = is_comp.flatten(), slot.flatten(), valid.flatten()
-    keys = unpack_records(window.gather_records(torch.where(valid & ~is_comp, slot, 0)), window.fmt)
-    if comp is not None:
-        comp_slot = torch.where(valid & is_comp, slot, 0)
-        keys = torch.where(is_comp[:, None], unpack_records(comp.gather_records(comp_slot), comp.fmt), keys)
-    return keys.to(torch.bfloat16).view(*inputs.key_table.shape, -1), valid.view(inputs.key_table.shape)
-
-
 def sink_attention(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor,
                    scale: float) -> torch.Tensor:  # fmt: skip
     """``softmax([q k^T scale, sink]) @ k`` without the sink's column, bf16 ``[M, heads, 512]``:
@@ -154,7 +139,8 @@ def peer_step(layer: LayerWeights, inputs: StepInputs, weights: PeerWeights) -> 
     _store_records(inputs.window_cache, inputs.slot_mapping, kv)
     q = fp8_linear(rowwise_e4m3(qr), weights.wq_b).view(tokens, dims.heads, m.head_dim)
     q = apply_rope(q, positions, cos, sin, m.nope_dim)
-    keys, valid = _gather_keys(inputs, inputs.window_cache)
+    keys, valid = gather_keys(inputs.key_table, inputs.window_cache, inputs.compressed_cache)
+    keys = keys.to(torch.bfloat16)
     o = sink_attention(q, keys, valid, layer.attn_sink, m.softmax_scale)
     o = apply_inverse_rope(o, positions, cos, sin, m.nope_dim)
     o = o.view(tokens, dims.groups, dims.group_k)

@@ -272,15 +272,15 @@ def validate_key_table(key_table: torch.Tensor, window_slots_n: int, compressed_
 def gather_keys(
     key_table: torch.Tensor, window_cache: PagedKVCache, compressed_cache: PagedKVCache | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(keys fp32 [M, K, 512], valid bool [M, K])`` read through the key table; invalid keys are 0."""
+    """``(keys fp32 [M, K, 512], valid bool [M, K])`` read through the key table; invalid keys are
+    0. No host sync, so a CUDA graph can capture it (an invalid entry reads slot 0, then zeroed)."""
     comp_n = 0 if compressed_cache is None else compressed_cache.num_slots
     is_comp, slot, valid = decode_key_table(key_table, window_cache.num_slots, comp_n)
-    m, k = key_table.shape
-    keys = torch.zeros(m, k, KV_DIM, dtype=torch.float32, device=key_table.device)
-    win = valid & ~is_comp
-    if win.any():
-        keys[win] = window_cache.dequantize(slot[win]).to(keys.device)
-    comp = valid & is_comp
-    if comp.any():
-        keys[comp] = compressed_cache.dequantize(slot[comp]).to(keys.device)
+    keys = torch.zeros(*key_table.shape, KV_DIM, dtype=torch.float32, device=key_table.device)
+    for cache, picked in ((window_cache, valid & ~is_comp), (compressed_cache, valid & is_comp)):
+        if cache is not None and cache.num_slots:
+            at = torch.where(picked, slot, 0).flatten().to(cache.data.device)
+            read = unpack_records(cache.gather_records(at),
+                                  cache.fmt).view_as(keys)  # fmt: skip
+            keys = torch.where(picked[..., None], read.to(keys.device), keys)
     return keys, valid
