@@ -103,9 +103,27 @@ def step_errors(got: StepRun, want: StepRun) -> dict[str, dict[str, float | None
     return out
 
 
-def assert_within(errors: dict[str, dict], bounds: dict[str, dict]) -> None:
-    """Every seam named in ``bounds``: max_abs and rel_l2 at most the bound, codes (MX seams)
-    at least it."""
+def farthest_token(got: StepRun, want: StepRun, seam: str = "q") -> int:
+    """The token whose ``seam`` row is farthest from ``want``'s, in relative L2."""
+    a = got.seams[seam].reshape(got.seams[seam].shape[0], -1)
+    b = want.seams[seam].reshape(a.shape)
+    return int(((a - b).norm(dim=1) / b.norm(dim=1).clamp_min(1e-30)).argmax())
+
+
+def drop_token(run: StepRun, token: int) -> StepRun:
+    """``run`` without token ``token``'s rows (every seam is token-major); window cache kept."""
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[:token], t[token + 1 :]])
+
+    seams = {k: tuple(rows(p) for p in v) if isinstance(v, tuple) else rows(v)
+             for k, v in run.seams.items()}  # fmt: skip
+    return StepRun(seams, run.window)
+
+
+def misses(errors: dict[str, dict], bounds: dict[str, dict]) -> list[str]:
+    """Every seam named in ``bounds`` whose max_abs or rel_l2 is above the bound, or whose codes
+    (MX seams) are below it."""
     bad = []
     for seam, bound in bounds.items():
         got = errors[seam]
@@ -116,4 +134,11 @@ def assert_within(errors: dict[str, dict], bounds: dict[str, dict]) -> None:
             ok = value >= limit if key == "codes" else value <= limit
             if not ok:
                 bad.append(f"{seam}.{key} = {value!r} (bound {limit!r})")
+    return bad
+
+
+def assert_within(errors: dict[str, dict], bounds: dict[str, dict]) -> None:
+    """Every seam named in ``bounds``: max_abs and rel_l2 at most the bound, codes (MX seams)
+    at least it."""
+    bad = misses(errors, bounds)
     assert not bad, "; ".join(bad) + f"\nall errors: {errors}"

@@ -21,7 +21,16 @@ Measured with ``run_step`` / ``step_errors`` (tests/step_helpers.py) over tp 2 a
 from __future__ import annotations
 
 import pytest
-from step_helpers import EXACT, assert_within, run_step, step_errors
+import torch
+from step_helpers import (
+    EXACT,
+    StepRun,
+    assert_within,
+    drop_token,
+    farthest_token,
+    run_step,
+    step_errors,
+)
 
 from dsv41.common.geometry import Dims
 from dsv41.common.scenario import make_scenario
@@ -66,3 +75,23 @@ def test_step_within_measured_bounds(backend, tp, layer_id, tokens, fmt):
     errors = step_errors(got, ref)
     assert set(BOUNDS[backend]) <= set(errors), sorted(errors)
     assert_within(errors, BOUNDS[backend])
+
+
+def test_farthest_token_is_dropped_and_only_it():
+    """``farthest_token`` finds the one token moved off, and ``drop_token`` takes out its rows of
+    every seam (MX seams' values and codes alike), leaving the rest equal."""
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(6, 4, 8, generator=gen)
+    codes = torch.randint(100, 140, (6, 4), generator=gen)
+    want = StepRun({"q": q, "xo": (q.clone(), codes), "y": torch.randn(6, 5, generator=gen)},
+                   torch.zeros(3))  # fmt: skip
+    got = StepRun({k: tuple(p.clone() for p in v) if isinstance(v, tuple) else v.clone()
+                   for k, v in want.seams.items()}, want.window)  # fmt: skip
+    got.seams["q"][4, 1, 2] += 0.5
+    got.seams["q"][1, 0, 0] += 1e-3
+    got.seams["xo"][1][4, 0] += 1
+    assert farthest_token(got, want) == 4
+    errors = step_errors(drop_token(got, 4), drop_token(want, 4))
+    assert errors["xo"]["codes"] == 1.0 and errors["y"]["rel_l2"] == 0.0
+    assert 0 < errors["q"]["rel_l2"] < 1e-3
+    assert drop_token(got, 4).seams["q"].shape == (5, 4, 8)

@@ -2,16 +2,25 @@
 GPU, seam by seam, held to about 3x the worst error ``benchmarks/seam_errors.py`` measures
 there; hand-written key tables; tp 8 end to end; a mono layer's prefill step.
 
-The bounds are the table below; to re-derive them on the H200:
-``PYTHONPATH=$PWD python3 benchmarks/seam_errors.py --tp 4 2 --tokens 1 2 4 16 48 --seeds 1``
-(its "3x bounds").
+The bounds are the tables below; to re-derive them on the H200:
+``PYTHONPATH=$PWD python3 benchmarks/seam_errors.py --tp 4 2 --tokens 1 2 4 16 33 48 --seeds 1``
+(its "3x bounds": all tokens, and all but the farthest one).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from step_helpers import EXACT, assert_within, hand_written_step, run_step, step_errors
+from step_helpers import (
+    EXACT,
+    StepRun,
+    drop_token,
+    farthest_token,
+    hand_written_step,
+    misses,
+    run_step,
+    step_errors,
+)
 
 from dsv41 import backends
 from dsv41.common.geometry import Dims
@@ -57,6 +66,39 @@ GPU_BOUNDS = {
         "window": {"rel_l2": 1.9e-3},
     },
 }
+# One token of a step may flip a quantization against the reference: at tp 4, compressed layer,
+# M = 33 (seed 33), token 29's qkv rounds one bf16 ulp apart from the reference's in both
+# kernels (qkv rel 1.8e-4 on that row), qr's MXFP8 cast then lands on another e4m3 value, and
+# that token's q is 7.4e-3 off (xo 2.1e-2, y 3.4e-2) while the two kernels agree to 4e-5 and every
+# other token is as close as at other M. So every token but the farthest (by q) is held to
+# GPU_BOUNDS, and the whole step to FLIP_BOUNDS: 3x that step's errors, measured 2026-12-04 on
+# tree f6a2ec2 with the command in the docstring: nvidia q 1.28e-3, xo 2.80e-3, z 2.89e-3,
+# y 6.28e-3, lse 2.56e-5; mono q 1.28e-3, xo 2.86e-3, z 2.95e-3, y 6.60e-3. A wrong rounding,
+# scale or index moves every token, far past both.
+_FLIPPED = {
+    "mono": {"q": 3.9e-3, "xo": 8.6e-3, "z": 8.9e-3, "y": 2.0e-2},
+    "nvidia": {"q": 3.9e-3, "xo": 8.5e-3, "z": 8.7e-3, "y": 1.9e-2, "lse": 7.7e-5},
+}
+FLIP_BOUNDS = {
+    name: {**GPU_BOUNDS[name], **{s: {**GPU_BOUNDS[name][s], "rel_l2": r} for s, r in flip.items()}}
+    for name, flip in _FLIPPED.items()
+}
+
+
+def assert_within_but_one(got: StepRun, want: StepRun, backend: str) -> None:
+    """The step within GPU_BOUNDS, or else every token but the farthest within GPU_BOUNDS and the
+    whole step within FLIP_BOUNDS (one quantization flip, above)."""
+    errors = step_errors(got, want)
+    if not misses(errors, GPU_BOUNDS[backend]):
+        return
+    token = farthest_token(got, want)
+    rest = step_errors(drop_token(got, token), drop_token(want, token))
+    bad = misses(errors, FLIP_BOUNDS[backend]) + [
+        f"all tokens but {token}: {m}" for m in misses(rest, GPU_BOUNDS[backend])
+    ]
+    assert not bad, "; ".join(bad) + f"\nall errors: {errors}"
+
+
 # Not measured by seam_errors.py (tp 2 and 4, M <= 48 only), so kept at the suite's earlier
 # 1e-2: the tp 8 sum rests on each rank's y (nvidia's worst 4.55e-3 above) plus the 8 bf16
 # partials' own rounding (2.6e-3 against the tp 1 y on CPU, tests/test_step_cases.py); the
@@ -91,8 +133,7 @@ def _layer(tp: int, compressed: bool, rank: int | None = None) -> LayerWeights:
 def test_step_within_measured_bounds_gpu(backend, tp, compressed, tokens):
     lw = _layer(tp, compressed)
     sc = make_scenario(lw.dims, lw.layer_id, tokens, seed=tokens, device=DEVICE)
-    errors = step_errors(run_step(backend, lw, sc), run_step("reference", lw, sc))
-    assert_within(errors, GPU_BOUNDS[backend])
+    assert_within_but_one(run_step(backend, lw, sc), run_step("reference", lw, sc), backend)
 
 
 @pytest.mark.parametrize("backend", backends.KERNEL_BACKENDS)
@@ -101,8 +142,7 @@ def test_step_within_measured_bounds_gpu(backend, tp, compressed, tokens):
 def test_hand_written_key_table_and_slots_gpu(backend, tp, compressed):
     lw = _layer(tp, compressed)
     inputs = hand_written_step(lw, seed=tp, device=DEVICE)
-    errors = step_errors(run_step(backend, lw, inputs), run_step("reference", lw, inputs))
-    assert_within(errors, GPU_BOUNDS[backend])
+    assert_within_but_one(run_step(backend, lw, inputs), run_step("reference", lw, inputs), backend)
 
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["window", "compressed"])
@@ -119,7 +159,7 @@ def test_tp8_ranks_sum_to_the_whole_layer_gpu(compressed):
         lw = LayerWeights(Dims.of(MODEL, 8), rank, layer_id, device=DEVICE)
         lw.dummy_load(seed=8)
         got = run_step("nvidia", lw, sc)
-        assert_within(step_errors(got, run_step("reference", lw, sc)), GPU_BOUNDS["nvidia"])
+        assert_within_but_one(got, run_step("reference", lw, sc), "nvidia")
         partials.append(got.seams["y"].bfloat16())
     y = sum_rank_partials(partials).float()
     assert float((y - want).norm() / want.norm()) <= TP8_SUM_REL
