@@ -297,23 +297,23 @@ def test_rows_aligned_needs_aligned_bases_and_even_ds_mla_pages() -> None:
 @pytest.mark.parametrize("heads", [16, 32])
 def test_splits_fill_the_gpu_in_whole_key_blocks(heads) -> None:
     """The flash geometry's 640 keys on 132 SMs: each token bucket's splits cover the keys in
-    whole blocks, at most the programs a SM wanted (or one split a block), with the fewest keys
-    a split that allows: one block less a split would need more splits than wanted. Another
-    count of programs a SM can be asked for."""
+    whole blocks, at most the programs a SM wanted (one wave; or one split a block), with the
+    fewest keys a split that allows: one block less a split would need more splits than wanted.
+    Another count of programs a SM can be asked for."""
     keys, sms, blocks = 640, 132, 640 // KEY_BLOCK
 
     def check(tokens: int, per_sm: int, forced: int | None = None) -> int:
         tiles = tokens * heads // 16
-        wanted = min(blocks, -(-per_sm * sms // tiles))
+        wanted = min(blocks, max(1, per_sm * sms // tiles))
         splits, per_split = attention_splits(tokens, heads, keys, sms, forced)
+        assert tiles * splits <= max(per_sm * sms, tiles), (tokens, splits)  # one wave
         assert per_split % KEY_BLOCK == 0 and (splits - 1) * per_split < keys <= splits * per_split
         assert splits <= wanted, (tokens, splits, wanted)
         assert per_split == KEY_BLOCK or -(-keys // (per_split - KEY_BLOCK)) > wanted, tokens
         return splits
 
-    # 1 program a SM up to 16 tiles, 2 up to 32, 4 up to 64, 3 above (the H200 measurements in
-    # the module)
-    tiers = ((16, 1), (32, 2), (64, 4), (10**9, 3))
+    # 1 program a SM up to 16 tiles, 2 up to 64, 3 above (the H200 measurements in the module)
+    tiers = ((16, 1), (64, 2), (10**9, 3))
     got = [check(t, next(p for most, p in tiers if t * heads // 16 <= most))
            for t in (1, 2, 4, 8, 16, 32, 48)]  # fmt: skip
     assert got[0] == blocks, got

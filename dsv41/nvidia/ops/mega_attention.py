@@ -15,7 +15,8 @@ so no kernel of the step shuffles q or o. A program covers a tile of
 of the key table: the scores of the tile are one ``[16, 512] x [512, BK]`` dot
 per block of keys, the output one ``[16, BK] x [BK, 512]`` dot on the same
 dequantized key tile (FlashMLA's shape). Keys are read straight from the paged
-records of either format through ``dsv41.common.kv_records_tl``.
+records of either format (``_load_keys_tl``: every load of a block, the scale codes
+as 4-byte words too, is one the loop's pipeliner copies a block ahead).
 
 When M is small the key table is split over several programs so the GPU fills
 at M = 1. Each split writes fp32 partials (unnormalised o, running max, sum),
@@ -45,9 +46,16 @@ import triton.language as tl
 from dsv41.common.fused_layout import O_CHUNK
 from dsv41.common.fused_layout_tl import q_tile_at_tl, q_tile_heads_tl
 from dsv41.common.geometry import HEAD_TILE
-from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
-from dsv41.common.kv_records_tl import fmt_id, load_records_tl
-from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
+from dsv41.common.kv_cache import FP8_DS_MLA, FP8_MX, KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
+from dsv41.common.kv_records_tl import FMT_DS_MLA, fmt_id
+from dsv41.common.mx import (
+    E4M3,
+    MX_BLOCK,
+    bf16_rn_tl,
+    bf16_round_tl,
+    e8m0_scale_tl,
+    mx_quantize_tl,
+)
 from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
@@ -71,11 +79,17 @@ COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile an
 # power of two and the rest (``split_pieces``; SM90: 14 loads a thread instead of 160 at 40
 # splits): faster at 40 splits, slower at 20 and below on the H200.
 COMBINE_WIDE_SPLITS = 32
-# Split the keys until the launch has this many programs a SM: (most tiles, programs a SM) for
-# each tier of (token, head tile) pairs. Against
-# 4 a SM everywhere these tiers were 2 to 15 % faster on the H200 (tp 4, M = 16: 73.2 against
-# 78.3 us); fewer, longer splits lost at 48 and 64 tiles.
-PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
+# Split the keys until the launch has at most this many programs a SM, so it runs in one wave:
+# (most tiles, programs a SM) for each tier of (token, head tile) pairs. An attention program
+# takes 112 to 250 registers and 58 KB of shared memory, so a SM holds 2 of them: past 32 tiles
+# 2 a SM (H200, tp 4, M = 48: 5 splits, 116.7 us a step against 132.9 with 4 a SM's 10 splits;
+# attention alone 39.7 us against 46.4 with 10 splits, 44.4 with 4, 56.8 with 20). Up to 32
+# tiles the tiers measured against 4 a SM everywhere (2 to 15 % faster on the H200, tp 4, M = 16:
+# 73.2 against 78.3 us a step).
+PROGRAM_TIERS = ((16, 1), (64, 2), (None, 3))
+# On ROCm (the fallback, unmeasured there) the earlier H200 tiers, rounded up: at least that many
+# a SM. The one-wave splits of 4 tokens' worth of head tiles spill VGPRs on gfx942 at M = 48.
+ROCM_PROGRAM_TIERS = ((16, 1), (32, 2), (64, 4), (None, 3))
 # Warps of an attention program: 8 or 16 (fewer instructions a warp, fewer programs a SM) were
 # level or slower at every M on the H200 (tp 4, M = 48: 161.4 us with 8 against 136.0 with 4).
 ATTN_WARPS = 4
@@ -101,6 +115,9 @@ _HEAD_DIM = tl.constexpr(HEAD_DIM)
 _NOPE = tl.constexpr(NOPE_DIM)  # 448
 _HALF_ROPE = tl.constexpr(ROPE_DIM // 2)  # 32 rope pairs: the width of the cos / sin tables
 _O_CHUNK = tl.constexpr(O_CHUNK)  # 32
+_KV_DIM = tl.constexpr(KV_DIM)  # 512
+_DS_MLA_GROUP = tl.constexpr(FP8_DS_MLA.scale_group)  # 64 dims a code
+_MX_GROUP = tl.constexpr(FP8_MX.scale_group)  # 32 dims a code
 _LN2 = tl.constexpr(math.log(2.0))
 # The opt-in trace of the attention launches (``profile_step.py --attn-trace`` sets
 # ``trace_buffer``, int64 [>= programs of both launches, TRACE_FIELDS], GPU only): each program
@@ -213,7 +230,55 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
     data_ptrs, code_ptrs, valid = record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
                                                  window_slots, compressed_slots, FMT, WIN_BLOCK,
                                                  COMP_BLOCK, ALIGNED)  # fmt: skip
-    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK), valid
+    return _load_keys_tl(data_ptrs, code_ptrs, valid, FMT, BK, ALIGNED), valid
+
+
+@triton.jit
+def _codes_tl(code_ptrs, valid, FMT: tl.constexpr, NG: tl.constexpr, WORDS: tl.constexpr):
+    """int32 E8M0 codes ``[BK, NG]`` of each record's scale groups (0 where not ``valid``).
+    ``WORDS`` (the scale bytes 4-B aligned): read as int32 words, 4 codes a word, so the loop's
+    pipeliner can copy them ahead asynchronously like the data (it does not take 1-B loads)."""
+    if WORDS:
+        NW: tl.constexpr = NG // 4
+        w = tl.arange(0, NW)
+        words = tl.load(code_ptrs.to(tl.pointer_type(tl.int32))[:, None] + w[None, :],
+                        mask=valid[:, None], other=0)  # fmt: skip
+        shift = tl.arange(0, 4) * 8
+        codes = (words[:, :, None] >> shift[None, None, :]) & 0xFF
+        return tl.reshape(codes, (code_ptrs.shape[0], NG)).to(tl.int32)
+    g = tl.arange(0, NG)
+    return tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0).to(tl.int32)
+
+
+@triton.jit
+def _load_keys_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr,
+                  WORDS: tl.constexpr):  # fmt: skip
+    """fp32 keys ``[BK, 512]`` of the records at ``data_ptrs`` / ``code_ptrs`` (uint8, ``[BK]``),
+    0 where not ``valid``, as ``[BK, scale groups, group]``: fp8_ds_mla's e4m3 groups 0..6 and
+    its bf16 rope dims (group 7) in separate loads of only their bytes."""
+    if FMT == FMT_DS_MLA:
+        NG: tl.constexpr = _KV_DIM // _DS_MLA_GROUP  # 8: 7 e4m3 groups, then the rope dims
+        GW: tl.constexpr = _DS_MLA_GROUP
+    else:
+        NG: tl.constexpr = _KV_DIM // _MX_GROUP  # 16
+        GW: tl.constexpr = _MX_GROUP
+    g = tl.arange(0, NG)
+    j = tl.arange(0, GW)
+    cols = (g * GW)[None, :, None] + j[None, None, :]
+    scale = e8m0_scale_tl(_codes_tl(code_ptrs, valid, FMT, NG, WORDS))
+    if FMT == FMT_DS_MLA:
+        nope = (g < NG - 1)[None, :, None]
+        fp8 = tl.load(data_ptrs[:, None, None] + cols, mask=valid[:, None, None] & nope, other=0)
+        rope_ptrs = (data_ptrs + _NOPE).to(tl.pointer_type(tl.bfloat16))
+        rope = tl.load(rope_ptrs[:, None] + j[None, :], mask=valid[:, None], other=0.0)
+        vals = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, :, None]
+        keys = tl.where(nope, vals, rope.to(tl.float32)[:, None, :])
+    else:
+        d = tl.arange(0, _HEAD_DIM)
+        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0)
+        raw = tl.reshape(fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BK, NG, GW))
+        keys = raw * scale[:, :, None]
+    return tl.reshape(keys, (BK, _HEAD_DIM))
 
 
 @triton.jit
@@ -528,8 +593,9 @@ def score_segments(tiles: int) -> int:
 
 def programs_per_sm(tiles: int) -> int:
     """Attention programs a SM the key splits aim at for ``tiles`` (token, head tile) pairs:
-    the first of ``PROGRAM_TIERS`` that holds that many tiles."""
-    return next(per_sm for most, per_sm in PROGRAM_TIERS if most is None or tiles <= most)
+    the first of ``PROGRAM_TIERS`` (``ROCM_PROGRAM_TIERS`` on ROCm) that holds that many tiles."""
+    tiers = ROCM_PROGRAM_TIERS if current_platform().kind == "rocm" else PROGRAM_TIERS
+    return next(per_sm for most, per_sm in tiers if most is None or tiles <= most)
 
 
 def head_tile_pairs(tokens: int, heads: int) -> int:
@@ -542,12 +608,15 @@ def attention_splits(
     tokens: int, heads: int, keys: int, sms: int, per_sm: int | None = None
 ) -> tuple[int, int]:
     """``(splits, keys_per_split)``: split the keys (in ``KEY_BLOCK`` steps) until the attention
-    launch has ``per_sm`` (default ``programs_per_sm``) programs a SM (1 split once the tokens
-    alone fill the GPU)."""
+    launch has at most ``per_sm`` (default ``programs_per_sm``) programs a SM, one wave (at
+    least, on ROCm; 1 split once the tokens alone fill the GPU)."""
     tiles = head_tile_pairs(tokens, heads)
     blocks = max(1, -(-keys // KEY_BLOCK))
     per_sm = programs_per_sm(tiles) if per_sm is None else per_sm
-    wanted = min(blocks, max(1, -(-per_sm * sms // tiles)))
+    if current_platform().kind == "rocm":
+        wanted = min(blocks, max(1, -(-per_sm * sms // tiles)))
+    else:
+        wanted = min(blocks, max(1, per_sm * sms // tiles))
     return _even_splits(keys, wanted)
 
 
