@@ -18,7 +18,14 @@ from dsv41 import backends
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import COMPRESSED_FLAG, PagedKVCache, pack_records
 from dsv41.common.kv_records_tl import fmt_id, store_record_tl
-from dsv41.common.mx import E8M0_NAN, mx_quantize_tl, mxfp8_dequantize, mxfp8_quantize
+from dsv41.common.mx import (
+    E8M0_NAN,
+    mx_parts_tl,
+    mx_quantize_tl,
+    mx_round_tl,
+    mxfp8_dequantize,
+    mxfp8_quantize,
+)
 from dsv41.common.reference import reference_step, rmsnorm
 from dsv41.common.scenario import make_scenario
 from dsv41.common.step_inputs import StepInputs
@@ -158,6 +165,28 @@ def test_mx_cast_of_nan_and_inf_is_the_nan_code_in_torch_and_triton():
     _cast_kernel[(1,)](x, v, c, 4, 64)
     assert torch.equal(c, codes)
     assert torch.equal(v.view(torch.uint8), values.view(torch.uint8))
+
+
+@triton.jit
+def _dequant_kernel(x_ptr, parts_ptr, round_ptr, R: tl.constexpr, C: tl.constexpr):
+    at = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    x = tl.load(x_ptr + at)
+    values, scales = mx_parts_tl(x, R, C, False)
+    blocks = tl.reshape(values, (R, C // 32, 32)) * scales[:, :, None]
+    tl.store(parts_ptr + at, tl.reshape(blocks, (R, C)))
+    tl.store(round_ptr + at, mx_round_tl(x, R, C))
+
+
+def test_mx_parts_and_round_of_nan_and_inf_dequantize_as_torch():
+    """The GEMMs' cast helpers give no NaN mask on their values: a NaN / Inf block's NaN scale
+    makes its dequantized values NaN, every other block is torch's, bit for bit."""
+    x = _with_bad_values(4, 64)
+    want = mxfp8_dequantize(*mxfp8_quantize(x))
+    parts, rounded = torch.empty(4, 64), torch.empty(4, 64)
+    _dequant_kernel[(1,)](x, parts, rounded, 4, 64)
+    for got in (parts, rounded):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_mx"])

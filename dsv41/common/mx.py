@@ -211,13 +211,6 @@ def amax_tl(blocks):
 
 
 @triton.jit
-def nan_blocks_tl(values, code):
-    """``values [R, B, 32]`` with every block whose code is 255 (NaN or Inf in it) made NaN, as
-    ``mxfp8_quantize`` does (a saturating cast or a float min / max may not keep a NaN)."""
-    return tl.where((code == 255)[:, :, None], float("nan"), values)
-
-
-@triton.jit
 def e4m3_nan_bits_tl(bits, code, ROWS: tl.constexpr, COLS: tl.constexpr, GROUP: tl.constexpr):
     """uint8 e4m3 ``bits [ROWS, COLS]`` with the blocks (``GROUP`` values a code) of code 255 set
     to 0x7F, e4m3's NaN as torch writes it (the interpreter's cast of a NaN gives another byte)."""
@@ -232,7 +225,9 @@ def _mx_scaled_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr, HW: tl.constexpr):
     codes [ROWS, COLS // 32]). ``HW`` (the GPU only): the round is the hardware's fp32 -> e4m3
     conversion (nearest even, saturating at 448) and back, two values an instruction each way,
     the same values as ``e4m3_round_tl``'s ~10 steps a value (which the interpreter needs: its
-    own cast drops a carry)."""
+    own cast drops a carry). A block of code 255 (a NaN or an Inf in it) keeps the values the
+    round gave: each caller makes it NaN by its NaN scale or NaN bytes, so no mask costs
+    registers here (one took the two-token wq_b from 5 to 4 programs a SM on SM90)."""
     blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
     code = e8m0_code_tl(amax_tl(blocks))
     scaled = blocks * e8m0_inv_scale_tl(code)[:, :, None]
@@ -240,7 +235,7 @@ def _mx_scaled_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr, HW: tl.constexpr):
         values = scaled.to(tl.float8e4nv).to(tl.float32)
     else:
         values = e4m3_round_tl(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
-    return nan_blocks_tl(values, code), code
+    return values, code
 
 
 @triton.jit
@@ -255,7 +250,7 @@ def mx_quantize_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
 def mx_parts_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr, HW: tl.constexpr):
     """fp32 ``x [ROWS, COLS]`` -> ``mxfp8(x)`` as two fp32 parts: its e4m3 values ``[ROWS,
     COLS]`` and their block scales ``2^(code - 127)`` ``[ROWS, COLS // 32]`` (``HW``: as in
-    ``_mx_scaled_tl``)."""
+    ``_mx_scaled_tl``); a NaN / Inf block's scale is NaN, so its products are NaN."""
     values, code = _mx_scaled_tl(x, ROWS, COLS, HW)
     return tl.reshape(values, (ROWS, COLS)), e8m0_scale_tl(code)
 
