@@ -58,7 +58,6 @@ _DS_MLA_GROUP = tl.constexpr(FP8_DS_MLA.scale_group)  # 64 nope dims per code
 _DS_MLA_CODES = tl.constexpr(FP8_DS_MLA.num_codes)  # 7
 _MX_RECORD = tl.constexpr(FP8_MX.record_bytes)  # 528
 _MX_GROUP = tl.constexpr(FP8_MX.scale_group)  # 32 dims per code
-_UNIT_CODE = tl.constexpr(127)  # E8M0 code of 1.0: the rope dims' scale in fp8_ds_mla
 
 
 def fmt_id(fmt: str | RecordFormat) -> int:
@@ -112,42 +111,56 @@ def record_offsets_tl(slots, BLOCK_TOKENS: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
-def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr):
+def record_codes_tl(code_ptrs, valid, NG: tl.constexpr, WORDS: tl.constexpr):
+    """int32 E8M0 codes ``[BK, NG]`` of the records whose codes start at ``code_ptrs [BK]`` (0
+    where not ``valid``). ``WORDS`` (the code rows 4-B aligned): read as int32 words, 4 codes a
+    word, so a loop's pipeliner copies them ahead asynchronously like the data (it does not
+    take 1-B loads)."""
+    if WORDS:
+        NW: tl.constexpr = NG // 4
+        w = tl.arange(0, NW)
+        words = tl.load(code_ptrs.to(tl.pointer_type(tl.int32))[:, None] + w[None, :],
+                        mask=valid[:, None], other=0)  # fmt: skip
+        shift = tl.arange(0, 4) * 8
+        codes = (words[:, :, None] >> shift[None, None, :]) & 0xFF
+        return tl.reshape(codes, (code_ptrs.shape[0], NG)).to(tl.int32)
+    g = tl.arange(0, NG)
+    return tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0).to(tl.int32)
+
+
+@triton.jit
+def load_records_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr,
+                    WORDS: tl.constexpr = False):  # fmt: skip
     """fp32 keys ``[BK, 512]`` of the records whose data rows and codes start at the uint8
     pointers ``data_ptrs [BK]`` and ``code_ptrs [BK]``; rows where ``valid [BK]`` is false are 0.
 
-    Row pointers let one tile mix records of two caches (``tl.where(is_compressed, ...)``).
+    Read as ``[BK, scale groups, group]``: fp8_ds_mla's e4m3 groups 0..6 and its bf16 rope dims
+    (group 7, unit scale) in separate loads of only their bytes; ``WORDS``: as in
+    ``record_codes_tl``. Row pointers let one tile mix records of two caches.
     """
-    d = tl.arange(0, _KV_DIM)
     if FMT == FMT_DS_MLA:
-        GROUP: tl.constexpr = _DS_MLA_GROUP
-        is_nope = d < _NOPE_DIM
-        fp8 = tl.load(
-            data_ptrs[:, None] + d[None, :], mask=valid[:, None] & is_nope[None, :], other=0
-        )
+        NG: tl.constexpr = _KV_DIM // _DS_MLA_GROUP  # 8: 7 e4m3 groups, then the rope dims
+        GW: tl.constexpr = _DS_MLA_GROUP
+    else:
+        NG: tl.constexpr = _KV_DIM // _MX_GROUP  # 16
+        GW: tl.constexpr = _MX_GROUP
+    g = tl.arange(0, NG)
+    j = tl.arange(0, GW)
+    cols = (g * GW)[None, :, None] + j[None, None, :]
+    scale = e8m0_scale_tl(record_codes_tl(code_ptrs, valid, NG, WORDS))
+    if FMT == FMT_DS_MLA:
+        nope = (g < NG - 1)[None, :, None]
+        fp8 = tl.load(data_ptrs[:, None, None] + cols, mask=valid[:, None, None] & nope, other=0)
         # The rope dims are bf16 at byte 448 + 2 (d - 448) of the (even) data row.
         rope_ptrs = (data_ptrs + _NOPE_DIM).to(tl.pointer_type(tl.bfloat16))
-        rope = tl.load(
-            rope_ptrs[:, None] + (d[None, :] - _NOPE_DIM),
-            mask=valid[:, None] & ~is_nope[None, :],
-            other=0.0,
-        )
-        fp8 = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        raw = tl.where(is_nope[None, :], fp8, rope.to(tl.float32))
-        g = tl.arange(0, _KV_DIM // GROUP)  # the last group holds the rope dims: unit scale
-        code = tl.load(
-            code_ptrs[:, None] + g[None, :],
-            mask=valid[:, None] & (g < _DS_MLA_CODES)[None, :],
-            other=_UNIT_CODE,
-        )
+        rope = tl.load(rope_ptrs[:, None] + j[None, :], mask=valid[:, None], other=0.0)
+        vals = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, :, None]
+        keys = tl.where(nope, vals, rope.to(tl.float32)[:, None, :])
     else:
-        GROUP: tl.constexpr = _MX_GROUP
+        d = tl.arange(0, _KV_DIM)
         fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0)
-        raw = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        g = tl.arange(0, _KV_DIM // GROUP)
-        code = tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0)
-    scale = e8m0_scale_tl(code.to(tl.int32))
-    keys = tl.reshape(raw, (BK, _KV_DIM // GROUP, GROUP)) * scale[:, :, None]
+        raw = tl.reshape(fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BK, NG, GW))
+        keys = raw * scale[:, :, None]
     return tl.reshape(keys, (BK, _KV_DIM))
 
 

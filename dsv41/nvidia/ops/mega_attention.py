@@ -15,8 +15,8 @@ so no kernel of the step shuffles q or o. A program covers a tile of
 of the key table: the scores of the tile are one ``[16, 512] x [512, BK]`` dot
 per block of keys, the output one ``[16, BK] x [BK, 512]`` dot on the same
 dequantized key tile (FlashMLA's shape). Keys are read straight from the paged
-records of either format (``_load_keys_tl``: every load of a block, the scale codes
-as 4-byte words too, is one the loop's pipeliner copies a block ahead).
+records of either format (``kv_records_tl.load_records_tl``: every load of a block, the
+scale codes as 4-byte words too, is one the loop's pipeliner copies a block ahead).
 
 When M is small the key table is split over several programs so the GPU fills
 at M = 1. Each split writes fp32 partials (unnormalised o, running max, sum),
@@ -46,16 +46,9 @@ import triton.language as tl
 from dsv41.common.fused_layout import O_CHUNK
 from dsv41.common.fused_layout_tl import q_tile_at_tl, q_tile_heads_tl
 from dsv41.common.geometry import HEAD_TILE
-from dsv41.common.kv_cache import FP8_DS_MLA, FP8_MX, KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
-from dsv41.common.kv_records_tl import FMT_DS_MLA, fmt_id
-from dsv41.common.mx import (
-    E4M3,
-    MX_BLOCK,
-    bf16_rn_tl,
-    bf16_round_tl,
-    e8m0_scale_tl,
-    mx_quantize_tl,
-)
+from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
+from dsv41.common.kv_records_tl import fmt_id, load_records_tl
+from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
 from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
@@ -115,9 +108,6 @@ _HEAD_DIM = tl.constexpr(HEAD_DIM)
 _NOPE = tl.constexpr(NOPE_DIM)  # 448
 _HALF_ROPE = tl.constexpr(ROPE_DIM // 2)  # 32 rope pairs: the width of the cos / sin tables
 _O_CHUNK = tl.constexpr(O_CHUNK)  # 32
-_KV_DIM = tl.constexpr(KV_DIM)  # 512
-_DS_MLA_GROUP = tl.constexpr(FP8_DS_MLA.scale_group)  # 64 dims a code
-_MX_GROUP = tl.constexpr(FP8_MX.scale_group)  # 32 dims a code
 _LN2 = tl.constexpr(math.log(2.0))
 # The opt-in trace of the attention launches (``profile_step.py --attn-trace`` sets
 # ``trace_buffer``, int64 [>= programs of both launches, TRACE_FIELDS], GPU only): each program
@@ -230,55 +220,7 @@ def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slo
     data_ptrs, code_ptrs, valid = record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
                                                  window_slots, compressed_slots, FMT, WIN_BLOCK,
                                                  COMP_BLOCK, ALIGNED)  # fmt: skip
-    return _load_keys_tl(data_ptrs, code_ptrs, valid, FMT, BK, ALIGNED), valid
-
-
-@triton.jit
-def _codes_tl(code_ptrs, valid, FMT: tl.constexpr, NG: tl.constexpr, WORDS: tl.constexpr):
-    """int32 E8M0 codes ``[BK, NG]`` of each record's scale groups (0 where not ``valid``).
-    ``WORDS`` (the scale bytes 4-B aligned): read as int32 words, 4 codes a word, so the loop's
-    pipeliner can copy them ahead asynchronously like the data (it does not take 1-B loads)."""
-    if WORDS:
-        NW: tl.constexpr = NG // 4
-        w = tl.arange(0, NW)
-        words = tl.load(code_ptrs.to(tl.pointer_type(tl.int32))[:, None] + w[None, :],
-                        mask=valid[:, None], other=0)  # fmt: skip
-        shift = tl.arange(0, 4) * 8
-        codes = (words[:, :, None] >> shift[None, None, :]) & 0xFF
-        return tl.reshape(codes, (code_ptrs.shape[0], NG)).to(tl.int32)
-    g = tl.arange(0, NG)
-    return tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0).to(tl.int32)
-
-
-@triton.jit
-def _load_keys_tl(data_ptrs, code_ptrs, valid, FMT: tl.constexpr, BK: tl.constexpr,
-                  WORDS: tl.constexpr):  # fmt: skip
-    """fp32 keys ``[BK, 512]`` of the records at ``data_ptrs`` / ``code_ptrs`` (uint8, ``[BK]``),
-    0 where not ``valid``, as ``[BK, scale groups, group]``: fp8_ds_mla's e4m3 groups 0..6 and
-    its bf16 rope dims (group 7) in separate loads of only their bytes."""
-    if FMT == FMT_DS_MLA:
-        NG: tl.constexpr = _KV_DIM // _DS_MLA_GROUP  # 8: 7 e4m3 groups, then the rope dims
-        GW: tl.constexpr = _DS_MLA_GROUP
-    else:
-        NG: tl.constexpr = _KV_DIM // _MX_GROUP  # 16
-        GW: tl.constexpr = _MX_GROUP
-    g = tl.arange(0, NG)
-    j = tl.arange(0, GW)
-    cols = (g * GW)[None, :, None] + j[None, None, :]
-    scale = e8m0_scale_tl(_codes_tl(code_ptrs, valid, FMT, NG, WORDS))
-    if FMT == FMT_DS_MLA:
-        nope = (g < NG - 1)[None, :, None]
-        fp8 = tl.load(data_ptrs[:, None, None] + cols, mask=valid[:, None, None] & nope, other=0)
-        rope_ptrs = (data_ptrs + _NOPE).to(tl.pointer_type(tl.bfloat16))
-        rope = tl.load(rope_ptrs[:, None] + j[None, :], mask=valid[:, None], other=0.0)
-        vals = fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, :, None]
-        keys = tl.where(nope, vals, rope.to(tl.float32)[:, None, :])
-    else:
-        d = tl.arange(0, _HEAD_DIM)
-        fp8 = tl.load(data_ptrs[:, None] + d[None, :], mask=valid[:, None], other=0)
-        raw = tl.reshape(fp8.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BK, NG, GW))
-        keys = raw * scale[:, :, None]
-    return tl.reshape(keys, (BK, _HEAD_DIM))
+    return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK, ALIGNED), valid
 
 
 @triton.jit
