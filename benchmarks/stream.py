@@ -7,7 +7,9 @@ model's layers, weights past the L2), the median replay over the layer count:
 - nvidia, per M: each launch of the step (wqkv, norm, wq_b, attention, combine, wo_a, wo_b, as the
   step makes them) timed alone, the step's other launches left out of the graph, with its bytes
   (weights + codes; records read; split partials read) and TB/s; then the whole step as
-  ``dsv41 bench`` times it. mono: the whole step only (one launch).
+  ``dsv41 bench`` times it. mono (one launch): each stage of the step from its task trace
+  (``benchmarks/mono_trace.py``), the time from its inputs all ready to its last task's end, the
+  median over ``TRACES`` launches of a layer whose weights ran longest ago; then the step.
 - cuBLAS FP8 per projection (``torch._scaled_mm``, e4m3 [N, K] weights and row-wise fp32 scales,
   one weight copy a layer), beside our stage: ``x cuBLAS`` = ours / cuBLAS (below 0.5: twice as
   fast). wo_a runs as one [groups * o_rank, 8 * 512] GEMM: its bytes in one launch.
@@ -23,8 +25,11 @@ model's layers, weights past the L2), the median replay over the layer count:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import statistics
 import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -55,13 +60,18 @@ CHUNK_ROWS, CHUNK_COLS = 32, 512  # the reference's chunk: 32 x 512 bytes, 512 B
 PROGRAMS_PER_SM = 3  # three programs a SM stream 2.4x one (shared/probes/README.md)
 STREAM_CONFIGS = ((3, 4), (3, 8), (4, 4), (4, 8))  # (pipeline stages, warps); the best is shown
 MX: tl.constexpr = tl.constexpr(MX_BLOCK)  # weight bytes a code byte covers
+# mono's stages under the names of the nvidia launches doing the same work
+MONO_NAMES = {"xq": "x cast", "wqkv": "wqkv", "norm": "norm", "wqb": "wq_b", "attn": "attention",
+              "combine": "combine", "woa": "wo_a", "wob": "wo_b"}  # fmt: skip
+TRACES = 5  # traced mono launches a token count (the median of each stage's time)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="stream.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("--backend", choices=BACKENDS, default="nvidia",
-                   help="nvidia: every launch alone and the step; mono: the step")
+                   help="nvidia: every launch alone and the step; mono: each stage of its "
+                        "task trace and the step")
     p.add_argument("--config", default="dsv41-flash", help="model config name or YAML path")
     p.add_argument("--tp", type=int, choices=TP_SIZES, default=4, help="tensor-parallel size")
     p.add_argument("--rank", type=int_at_least(0), default=0, help="TP rank timed (below --tp)")
@@ -171,6 +181,58 @@ def partials_bytes(dims, tokens: int, device) -> int:
     split."""
     splits = tuning_for(dims, device, tokens).attention.splits
     return 0 if splits == 1 else tokens * dims.heads * splits * (dims.model.head_dim + 2) * 4
+
+
+# ----------------------------------------------------------------------------------------------
+# mono's stages, from its task trace
+
+
+def _stage_table(plan, trace: torch.Tensor, layer) -> list[dict]:
+    """``benchmarks/mono_trace.py``'s ``stage_table`` (loaded from beside this file)."""
+    path = Path(__file__).resolve().with_name("mono_trace.py")
+    spec = importlib.util.spec_from_file_location("mono_trace", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.stage_table(plan, trace, layer)
+
+
+def mono_partials_bytes(plan, tokens: int) -> int:
+    """Bytes of attention's chunk partials mono's combine reads: o and (max, sum) a head and
+    chunk, fp32."""
+    return tokens * plan.chunks * plan.heads_padded * (plan.dims.model.head_dim + 2) * 4
+
+
+def mono_stage_rows(plan, traces: list[torch.Tensor], layer, inputs) -> list[dict]:
+    """Per stage of mono's ``plan``: the median over ``traces`` (task traces of launches of
+    ``layer`` on ``inputs``) of the time from the stage's inputs all ready to its last task's end
+    (``after_us``), under the nvidia stage's name, with its bytes (``stage_bytes``) and TB/s."""
+    tables = [_stage_table(plan, t, layer) for t in traces]
+    partials = mono_partials_bytes(plan, inputs.x.shape[0])
+    rows = []
+    for k, first in enumerate(tables[0]):
+        name = MONO_NAMES[first["stage"]]
+        us = statistics.median(table[k]["after_us"] for table in tables)
+        rows.append({"stage": name, **figure(us / 1e6, stage_bytes(name, layer, inputs, partials))})
+    return rows
+
+
+def mono_traces(layers: list, scenarios: list, tokens: int, count: int) -> tuple:
+    """``(plan, traces)``: ``count`` task traces of layer 0's mono launch, each after one launch
+    of every other layer, so its weights come from HBM as in the graph."""
+    from dsv41.amd.mono.launcher import MonoRunner
+
+    runners = [MonoRunner(layer, tokens, shared=True) for layer in layers]
+    ys = [torch.empty_like(sc.x) for sc in scenarios]
+    traces = []
+    for _ in range(count):
+        for runner, sc, y in zip(runners[1:], scenarios[1:], ys[1:]):
+            runner.launch(sc, y)
+        trace = torch.zeros(runners[0].plan.total_tasks, 3, dtype=torch.int64, device="cuda")
+        runners[0].launch(scenarios[0], ys[0], trace=trace)
+        traces.append(trace)
+    torch.cuda.synchronize()
+    runners[0].check()
+    return runners[0].plan, traces
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,6 +394,13 @@ def run(args: argparse.Namespace) -> dict:
                         launches, layers, scenarios, args.replays) / n_layers)  # fmt: skip
                     nbytes = stage_bytes(name, layers[0], scenarios[0], partials)
                     stages.append({"stage": name, **figure(t, nbytes)})
+        else:
+            traced = attempt(f"M = {m} mono trace",
+                             lambda: mono_traces(layers, scenarios, m, TRACES))  # fmt: skip
+            if isinstance(traced, str):
+                stages.append({"stage": "trace", "error": traced, "bytes": None})
+            else:
+                stages = mono_stage_rows(*traced, layers[0], scenarios[0])
         step_t = time_graph(step, layers, scenarios, args.replays) / n_layers
         ours = {s["stage"]: s for s in stages}
         for site in GEMM_SITES:

@@ -120,6 +120,38 @@ def test_stages_and_bytes_of_an_nvidia_step(stream):
         0 if splits == 1 else dims.heads * splits * 514 * 4)
 
 
+def test_mono_stages_from_made_up_traces(stream):
+    """mono's rows: each stage under the nvidia stage's name, its time the median over the
+    traces of (its last end - the stage before's last end), its bytes and TB/s."""
+    from dsv41.amd.mono.plan import Plan
+
+    dims = Dims.of("tiny", 4)
+    layer = LayerWeights(dims, 0, 1)
+    sc = make_scenario(dims, 1, 3, seed=2)
+    plan = Plan(dims, 3)
+    gaps = ([2.0, 3.0, 5.0], [1.0, 4.0, 4.5])  # us from ready to a stage's end, by trace
+    traces = []
+    for k in range(3):  # stage s ends (s + 1) * 10 us + a gap of its own, every task at once
+        t = torch.zeros(plan.total_tasks, 3, dtype=torch.int64)
+        end = 0.0
+        for s, st in enumerate(plan.stages):
+            start, end = end, end + 10.0 + gaps[s % 2][k]
+            t[st.first : st.end, 0] = int(start * 1e3)
+            t[st.first : st.end, 1] = int(end * 1e3)
+        traces.append(t)
+    rows = stream.mono_stage_rows(plan, traces, layer, sc)
+    assert [r["stage"] for r in rows] == [stream.MONO_NAMES[st.name] for st in plan.stages]
+    assert [r["stage"] for r in rows] == ["x cast", "wqkv", "norm", "wq_b", "attention",
+                                          "combine", "wo_a", "wo_b"]  # fmt: skip
+    for s, r in enumerate(rows):
+        assert r["us"] == pytest.approx(10.0 + sorted(gaps[s % 2])[1])
+    wq_b = rows[3]
+    assert wq_b["bytes"] == dims.q_rows * dims.model.q_rank * 33 // 32
+    assert wq_b["tb_s"] == pytest.approx(wq_b["bytes"] / (wq_b["us"] * 1e-6) / 1e12)
+    partials = 3 * plan.chunks * plan.heads_padded * 514 * 4
+    assert rows[5]["bytes"] == partials and rows[2]["bytes"] is None
+
+
 def test_table_shows_each_stage_and_the_step(stream):
     per_m = {"tokens": 1, "floor_us": 9.5, "step": {"us": 24.0, "bytes": 40e6, "tb_s": 1.67,
                                                     "x_floor": 24.0 / 9.5},
