@@ -25,6 +25,7 @@ model's layers, weights past the L2), the median replay over the layer count:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import statistics
@@ -187,26 +188,28 @@ def partials_bytes(dims, tokens: int, device) -> int:
 # mono's stages, from its task trace
 
 
-def _stage_table(plan, trace: torch.Tensor, layer) -> list[dict]:
-    """``benchmarks/mono_trace.py``'s ``stage_table`` (loaded from beside this file)."""
+@functools.cache
+def _mono_trace():
+    """``benchmarks/mono_trace.py`` (its ``stage_table``), loaded once from beside this file."""
     path = Path(__file__).resolve().with_name("mono_trace.py")
     spec = importlib.util.spec_from_file_location("mono_trace", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.stage_table(plan, trace, layer)
+    return module
 
 
 def mono_partials_bytes(plan, tokens: int) -> int:
-    """Bytes of attention's chunk partials mono's combine reads: o and (max, sum) a head and
-    chunk, fp32."""
-    return tokens * plan.chunks * plan.heads_padded * (plan.dims.model.head_dim + 2) * 4
+    """Bytes of attention's chunk partials mono's combine reads for ``tokens`` tokens: the
+    plan's ``part`` (o) and ``pstat`` (max, sum) regions, a token's rows of each."""
+    regions = (plan.regions["part"], plan.regions["pstat"])
+    return tokens * sum(r.nbytes // r.shape[r.token_dim] for r in regions)
 
 
 def mono_stage_rows(plan, traces: list[torch.Tensor], layer, inputs) -> list[dict]:
     """Per stage of mono's ``plan``: the median over ``traces`` (task traces of launches of
     ``layer`` on ``inputs``) of the time from the stage's inputs all ready to its last task's end
     (``after_us``), under the nvidia stage's name, with its bytes (``stage_bytes``) and TB/s."""
-    tables = [_stage_table(plan, t, layer) for t in traces]
+    tables = [_mono_trace().stage_table(plan, t, layer) for t in traces]
     partials = mono_partials_bytes(plan, inputs.x.shape[0])
     rows = []
     for k, first in enumerate(tables[0]):
@@ -218,10 +221,11 @@ def mono_stage_rows(plan, traces: list[torch.Tensor], layer, inputs) -> list[dic
 
 def mono_traces(layers: list, scenarios: list, tokens: int, count: int) -> tuple:
     """``(plan, traces)``: ``count`` task traces of layer 0's mono launch, each after one launch
-    of every other layer, so its weights come from HBM as in the graph."""
-    from dsv41.amd.mono.launcher import MonoRunner
+    of every other layer, so its weights come from HBM as in the graph; the runners are the
+    ones the step's graph replays (``runner_for``)."""
+    from dsv41.amd.mono.launcher import runner_for
 
-    runners = [MonoRunner(layer, tokens, shared=True) for layer in layers]
+    runners = [runner_for(layer, tokens) for layer in layers]
     ys = [torch.empty_like(sc.x) for sc in scenarios]
     traces = []
     for _ in range(count):
