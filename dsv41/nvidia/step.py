@@ -16,6 +16,10 @@
    in wo_b's prologue instead (A_CAST, which stores z8), so wo_a takes whole rows
    (``Tuning.z_cast_in_wo_b``).
 
+With ``Tuning.a_dequantized`` each GEMM on the MMA loop reads its activation as bf16 values its
+producer dequantized once: x by an ``mx_round`` launch before Wqkv, qr by the norm kernel, xo by
+attention, z by wo_a's epilogue.
+
 Every choice above (tiles, splits, PDL) is in the step's ``Tuning`` (``dsv41/nvidia/tuning.py``),
 resolved once for the GPU, the tp share and the token bucket and passed to every launch.
 
@@ -37,7 +41,8 @@ from dsv41.common.rope import rope_tables
 from dsv41.common.step_inputs import StepInputs, check_step_inputs
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mega_attention import attention_tuning, mega_attention
-from dsv41.nvidia.ops.mx_gemm import NormInput, Scratch, mx_gemm, scratch_for
+from dsv41.nvidia.ops.mx_gemm import Dequantized, NormInput, Scratch, mx_gemm, scratch_for
+from dsv41.nvidia.ops.mx_round import mx_round
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
 from dsv41.nvidia.ops.record_prefetch import RecordsAhead
 from dsv41.nvidia.tuning import GEMM_SITES, Tuning, tuning_for
@@ -57,6 +62,11 @@ class StepBuffers:
         torch.Tensor, torch.Tensor
     ]  # e4m3 [rows, groups*o_rank], uint8 [rows, groups*o_rank/32]
     y: torch.Tensor  # bf16 [rows, hidden]
+    # The MMA loops' activations dequantized (Tuning.a_dequantized): x, qr, xo (fused O), z
+    xd: torch.Tensor  # bf16 [rows, hidden]
+    qrd: torch.Tensor  # bf16 [rows, q_rank]
+    xod: torch.Tensor  # bf16 [rows, heads*512]
+    zd: torch.Tensor  # bf16 [rows, groups*o_rank]
 
     @classmethod
     def allocate(cls, layer: LayerWeights, rows: int, device) -> StepBuffers:
@@ -73,6 +83,10 @@ class StepBuffers:
             z=t(d.o_rows),
             z8=(t(d.o_rows, E4M3), t(d.o_rows // MX_BLOCK, torch.uint8)),
             y=t(m.hidden),
+            xd=t(m.hidden),
+            qrd=t(m.q_rank),
+            xod=t(d.q_rows),
+            zd=t(d.o_rows),
         )
 
     def rows(self, m: int) -> StepBuffers:
@@ -103,13 +117,16 @@ def launch_step(
     t = tuning or tuning_for(layer.dims, x.device, x.shape[0])
     model = layer.dims.model
     cos, sin = rope_tables(model, layer.layer_id, x.device)
-    mx_gemm(x, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"], config=t.wqkv,
+    a = x
+    if t.dequantized("wqkv"):
+        a = Dequantized(mx_round(x, out.xd, pdl=t.pdl))
+    mx_gemm(a, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"], config=t.wqkv,
             pdl=t.pdl)  # fmt: skip
 
-    def norm(qr8) -> None:
+    def norm(qr8, qr_deq=None) -> None:
         norm_rope_insert(
             out.qkv, layer.q_norm, layer.kv_norm, positions, slot_mapping, window_cache, cos, sin,
-            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=qr8, pdl=t.pdl,
+            eps=model.eps, nope=model.nope_dim, kv=out.kv, qr8=qr8, qr_deq=qr_deq, pdl=t.pdl,
         )  # fmt: skip
 
     side = None  # the side stream the norm kernel ran on, if any
@@ -133,9 +150,10 @@ def launch_step(
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
     else:
-        norm(out.qr8)
-        mx_gemm(out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                config=t.wq_b, pdl=t.pdl)  # fmt: skip
+        deq = t.dequantized("wq_b")
+        norm(out.qr8, out.qrd if deq else None)
+        mx_gemm(Dequantized(out.qrd) if deq else out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q,
+                scratch=scratch["wq_b"], config=t.wq_b, pdl=t.pdl)  # fmt: skip
     attention = t.attention
     if key_table.shape[1] != model.keys:  # a key table of another width: split it as it is
         attention = attention_tuning(t.bucket, layer.dims.heads, key_table.shape[1], t.sms)
@@ -153,6 +171,7 @@ def launch_step(
         records_ready=side is not None,  # the insert joined by an event, not a PDL edge
         tuning=attention,
         pdl=t.pdl,
+        xo_deq=out.xod if t.dequantized("wo_a") else None,
     )
     if t.z_cast_in_wo_b:
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
@@ -161,11 +180,13 @@ def launch_step(
         mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,
                 scratch=scratch["wo_b"], config=t.wo_b, pdl=t.pdl)  # fmt: skip
     else:
-        mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"], config=t.wo_a,
-                pdl=t.pdl)  # fmt: skip
-        mx_gemm(out.z8, layer.wo_b, layer.wo_b_scale, out=out.y, scratch=scratch["wo_b"],
-                config=t.wo_b, pdl=t.pdl)  # fmt: skip
+        xa = Dequantized(out.xod) if t.dequantized("wo_a") else (xo, xo_codes)
+        deq = t.dequantized("wo_b")
+        mx_gemm(xa, layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
+                out_deq=out.zd if deq else None, n_per_group=model.o_rank, scratch=scratch["wo_a"],
+                config=t.wo_a, pdl=t.pdl)  # fmt: skip
+        mx_gemm(Dequantized(out.zd) if deq else out.z8, layer.wo_b, layer.wo_b_scale, out=out.y,
+                scratch=scratch["wo_b"], config=t.wo_b, pdl=t.pdl)  # fmt: skip
     return {
         "qkv": out.qkv,
         "kv": out.kv,

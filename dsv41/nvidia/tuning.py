@@ -49,6 +49,10 @@ class Tuning:
     norm_in_wq_b: bool
     # z's MXFP8 cast in wo_b's prologue (which stores z8), so wo_a takes whole rows
     z_cast_in_wo_b: bool
+    # The MMA-loop GEMMs read their activations as bf16 values their producer dequantized once
+    # (x by an mx_round launch before Wqkv): their K steps convert only weights. An A/B choice
+    # (dsv41 bench --variant nvidia:a_dequantized=1); off: each program converts its own.
+    a_dequantized: bool
     wqkv: GemmConfig
     wq_b: GemmConfig
     wo_a: GemmConfig
@@ -59,7 +63,8 @@ class Tuning:
         """``(name, value)`` lines for ``dsv41 plan``."""
         out = [("bucket", str(self.bucket)), ("sms", str(self.sms)), ("pdl", str(self.pdl)),
                ("norm_in_wq_b", str(self.norm_in_wq_b)),
-               ("z_cast_in_wo_b", str(self.z_cast_in_wo_b))]  # fmt: skip
+               ("z_cast_in_wo_b", str(self.z_cast_in_wo_b)),
+               ("a_dequantized", str(self.a_dequantized))]  # fmt: skip
         for site in GEMM_SITES:
             c = getattr(self, site)
             loop = "cuda-core" if c.gemv else "mma"
@@ -71,6 +76,10 @@ class Tuning:
                                  f"{a.qk_split}, alone {a.alone}, combine {a.combine_heads} "
                                  f"heads{' wide' if a.combine_wide else ''}"))  # fmt: skip
         return out
+
+    def dequantized(self, site: str) -> bool:
+        """Whether GEMM ``site`` reads its activation dequantized (``a_dequantized``, MMA loop)."""
+        return self.a_dequantized and not getattr(self, site).gemv
 
 
 def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
@@ -97,6 +106,7 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
         pdl=pdl_enabled(bucket) if pdl is None else pdl and current_platform().pdl,
         norm_in_wq_b=wq_b.gemv,
         z_cast_in_wo_b=z_cast,
+        a_dequantized=False,
         wqkv=config("wqkv", quant_out=False),
         wq_b=wq_b,
         wo_a=wo_a_whole if z_cast else config("wo_a", quant_out=True),

@@ -22,6 +22,7 @@ from dsv41.common.mx import (
     block_to_row_scales,
     mxfp8_dequantize,
     mxfp8_quantize,
+    mxfp8_round,
     quantize_weight_blocks,
 )
 from dsv41.common.platform import parse_target, targeting
@@ -39,12 +40,14 @@ from dsv41.nvidia.ops.mx_gemm import (
     PROGRAMS_PER_SM,
     TRACE_FIELDS,
     GemmConfig,
+    Dequantized,
     GemvRules,
     NormInput,
     Scratch,
     gemm_config,
     mx_gemm,
 )
+from dsv41.nvidia.ops.mx_round import mx_round
 from dsv41.nvidia.ops.norm_rope_insert import norm_rope_insert
 from dsv41.nvidia.tuning import gemm_shapes
 
@@ -126,6 +129,35 @@ def test_wo_a_grouped_with_z_quantized(layer, m, split_k):
     want = wo_a_grouped(layer, mxfp8_dequantize(*xo)).reshape(m, dims.o_rows)
     assert_bf16_close(z, want)
     assert_mx_close(z8, mxfp8_quantize(z))
+
+
+@pytest.mark.parametrize("k", [96, 1280])
+def test_mx_round_gives_x_dequantized(k):
+    """``mx_round``: bf16 of the torch MXFP8 round trip, bit for bit (K of 3 and 40 MX blocks,
+    20 tokens: two row tiles)."""
+    x = x_of(20, k, k) * torch.logspace(-3, 3, k).bfloat16()
+    got = mx_round(x, torch.empty_like(x))
+    assert torch.equal(got, mxfp8_round(x).bfloat16())
+
+
+def test_wo_a_and_wo_b_on_dequantized_activations(layer):
+    """Seams z, z8 and y with ``A_DEQ`` activations and wo_a's ``out_deq``: bit-equal to the
+    MXFP8 inputs, and ``out_deq`` the torch dequantization of z8."""
+    dims, model = layer.dims, layer.dims.model
+    m = 5
+    xo = mxfp8_quantize(x_of(m, dims.heads * model.head_dim, 25))
+    z8, z8d = [(torch.empty(m, dims.o_rows, dtype=E4M3),
+                torch.empty(m, dims.o_rows // 32, dtype=torch.uint8))
+               for _ in range(2)]  # fmt: skip
+    zd = torch.empty(m, dims.o_rows, dtype=torch.bfloat16)
+    z = mx_gemm(xo, layer.wo_a, layer.wo_a_scale, out8=z8, n_per_group=model.o_rank)
+    got = mx_gemm(Dequantized(mxfp8_dequantize(*xo).bfloat16()), layer.wo_a, layer.wo_a_scale,
+                  out8=z8d, out_deq=zd, n_per_group=model.o_rank)  # fmt: skip
+    assert torch.equal(got, z) and torch.equal(z8d[1], z8[1])
+    assert torch.equal(z8d[0].view(torch.uint8), z8[0].view(torch.uint8))
+    assert torch.equal(zd, mxfp8_dequantize(*z8).bfloat16())
+    y = mx_gemm(Dequantized(zd), layer.wo_b, layer.wo_b_scale)
+    assert torch.equal(y, mx_gemm(z8, layer.wo_b, layer.wo_b_scale))
 
 
 def test_wo_b(layer):
@@ -396,6 +428,16 @@ def test_bad_inputs_name_the_argument(layer):
                                          "no out8, got an a that"):  # fmt: skip
         mx_gemm(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale,
                 a8_out=mxfp8_quantize(x))  # fmt: skip
+    with pytest.raises(ValueError, match="a: a Dequantized activation feeds the MMA loop"):
+        n, k = layer.wqkv.shape
+        gemv = gemm_config(2, n, k, n_per_group=n, quant_out=False, sms=8)  # the CUDA-core loop
+        mx_gemm(Dequantized(x), layer.wqkv, layer.wqkv_scale, config=gemv)
+    with pytest.raises(ValueError, match=r"a dequantized: expected bfloat16 \[2, \d+\], got"):
+        mx_gemm(Dequantized(x.float()), layer.wqkv, layer.wqkv_scale)
+    with pytest.raises(ValueError, match="out_deq: expected it with out8"):
+        mx_gemm(x_of(5, x.shape[1], 1), layer.wqkv, layer.wqkv_scale, out_deq=x)
+    with pytest.raises(ValueError, match=r"x: expected bfloat16 \[2, \d+\]"):
+        mx_round(x.float(), x)
     short = Scratch()
     short.trace = torch.zeros(1, TRACE_FIELDS, dtype=torch.int64)  # a row for one program
     with pytest.raises(ValueError, match=r"scratch.trace: expected int64 \[>= \d+, 4\]"):
@@ -426,7 +468,8 @@ from dsv41.nvidia.ops.mx_gemm import mx_gemm_kernel as fn
 consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": False,
           "DOT_BF16": True, "G": 1, "HEAD_DIM": 1, "NOPE": 0, "HALF_ROPE": 1, "BLOCK_M": 16,
           "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "GEMV": sys.argv[1] == "gemv",
-          "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "TRACE": False,
+          "K_PAD": 2048, "K_STEPS": 1, "K_TAIL": 0, "A8_OUT": False, "DEQ_OUT": False,
+          "TRACE": False,
           "HW_E4M3": True, "RP_PER": 0, "RP_PAD": 1, "RP_TOTAL": 0, "RP_FMT": 0,
           "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
 if sys.argv[2:] == ["records"]:  # 640 entries of fp8_ds_mla records over 512 programs

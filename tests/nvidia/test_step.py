@@ -17,13 +17,13 @@ import torch
 from dsv41.common.fused_layout import permute_o_to_fused
 from dsv41.common.geometry import Dims
 from dsv41.common.kv_cache import COMPRESSED_FLAG
-from dsv41.common.mx import mxfp8_quantize
+from dsv41.common.mx import mxfp8_dequantize, mxfp8_quantize, mxfp8_round
 from dsv41.common.reference import mx_linear, reference_step
 from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
-from dsv41.nvidia.ops.mx_gemm import GemvRules, gemm_config
-from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, nvidia_step
-from dsv41.nvidia.tuning import gemm_shapes, resolve, tuning_for
+from dsv41.nvidia.ops.mx_gemm import GemvRules, Scratch, gemm_config
+from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, StepBuffers, launch_step, nvidia_step
+from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, resolve, tuning_for
 from dsv41.nvidia.warmup import REGISTRY, warmup
 
 LAYER_ID = 1  # compressed: window + top-k
@@ -165,3 +165,32 @@ def test_norm_in_wq_b_follows_the_cuda_core_loop(layer):
     cpu = torch.device("cpu")
     t1, t48 = tuning_for(layer.dims, cpu, 1), tuning_for(layer.dims, cpu, 48)
     assert t1.norm_in_wq_b and t1.wq_b.gemv and not t48.norm_in_wq_b and not t48.wq_b.gemv
+
+
+def test_dequantized_activations_change_no_bit(layer):
+    """``Tuning.a_dequantized`` at an MMA bucket: every seam bit-equal to each program
+    converting its own activation, and each dequantized buffer the torch MXFP8 round trip of
+    what it stands for (x; the qr8, xo and z8 seams)."""
+    cpu = torch.device("cpu")
+    m = 5
+    base = tuning_for(layer.dims, cpu, m)
+    assert not base.wqkv.gemv and not base.a_dequantized
+    sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_mx", seed=31)
+    runs = {}
+    for deq in (False, True):
+        out = StepBuffers.allocate(layer, m, cpu)
+        inputs = sc.clone_caches()
+        scratch = {site: Scratch() for site in GEMM_SITES}
+        tuning = dataclasses.replace(base, a_dequantized=deq)
+        runs[deq] = launch_step(layer, inputs, out, scratch, tuning), out, inputs
+    (plain, _, plain_in), (seams, out, deq_in) = runs[False], runs[True]
+    for name in STEP_SEAMS:
+        for a, b in zip(*(s if isinstance(s, tuple) else (s,) for s in (plain[name], seams[name]))):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    assert torch.equal(deq_in.window_cache.data, plain_in.window_cache.data)
+    fused = mxfp8_dequantize(*seams["xo"])
+    want = {"xd": mxfp8_round(sc.x), "qrd": mxfp8_dequantize(*out.qr8), "xod": fused,
+            "zd": mxfp8_dequantize(*seams["z8"])}  # fmt: skip
+    for name, value in want.items():
+        assert torch.equal(getattr(out, name), value.to(torch.bfloat16)), name
+    assert torch.equal(fused.to(torch.bfloat16).float(), fused)  # exact in bf16

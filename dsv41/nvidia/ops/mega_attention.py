@@ -48,7 +48,14 @@ from dsv41.common.fused_layout_tl import q_tile_at_tl, q_tile_heads_tl
 from dsv41.common.geometry import HEAD_TILE
 from dsv41.common.kv_cache import KV_DIM, NOPE_DIM, ROPE_DIM, PagedKVCache
 from dsv41.common.kv_records_tl import fmt_id, load_records_tl
-from dsv41.common.mx import E4M3, MX_BLOCK, bf16_rn_tl, bf16_round_tl, mx_quantize_tl
+from dsv41.common.mx import (
+    E4M3,
+    MX_BLOCK,
+    bf16_rn_tl,
+    bf16_round_tl,
+    mx_dequantize_tl,
+    mx_quantize_tl,
+)
 from dsv41.common.platform import current_platform
 from dsv41.common.rope import rope_pair_tl
 from dsv41.common.timer_tl import clock64_tl, globaltimer_tl, smid_tl
@@ -181,13 +188,15 @@ def _load_q_tl(q_ptr, token, head0, H: tl.constexpr, HT: tl.constexpr):
 @triton.jit
 def _epilogue_tl(
     acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr,
-    H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, W: tl.constexpr, HW: tl.constexpr,
+    xo_deq_ptr, H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, W: tl.constexpr,
+    HW: tl.constexpr, XO_DEQ: tl.constexpr,
 ):  # fmt: skip
     """Dims ``d0 .. d0 + W`` of the tile's heads from ``acc = sum 2^(s2 - m_i) v`` and ``l_i = sum
     2^(s2 - m_i)`` (log2 units): sink gate, inverse RoPE, bf16, MXFP8 stored in the fused O
     layout; lse stored by the programs holding dim 0. ``sink`` (the heads' sink logits) and ``(c,
     s)`` (``_rope_angles_tl`` of these dims) are read before the PDL wait: no step kernel writes
-    them. ``HW`` (the GPU): the bf16 round is the hardware's cast."""
+    them. ``HW`` (the GPU): the bf16 round is the hardware's cast. ``XO_DEQ``: the MXFP8
+    values dequantized go to ``xo_deq`` as bf16 too, at the same fused O offsets."""
     has_key = l_i != 0.0  # 0 exactly without a valid key; NaN (a NaN score) flows on
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * _LN2, -float("inf"))
     gate = 1.0 / (1.0 + tl.exp(sink - lse))
@@ -202,6 +211,9 @@ def _epilogue_tl(
     xo_col = d // _O_CHUNK * (G * _O_CHUNK) + d % _O_CHUNK
     tl.store(xo_ptr + xo_row[:, None] + xo_col[None, :], values.to(tl.uint8, bitcast=True),
              mask=head_ok[:, None])  # fmt: skip
+    if XO_DEQ:
+        deq = mx_dequantize_tl(values, codes, HT, W).to(tl.bfloat16)
+        tl.store(xo_deq_ptr + xo_row[:, None] + xo_col[None, :], deq, mask=head_ok[:, None])
     c = d0 // _O_CHUNK + tl.arange(0, W // _O_CHUNK)
     codes_row = token * (H * CHUNKS) + (heads // G) * (G * CHUNKS) + heads % G
     tl.store(codes_ptr + codes_row[:, None] + (c * G)[None, :], codes.to(tl.uint8),
@@ -287,7 +299,7 @@ def mega_attention_kernel(
     KEYS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, DOT_BF16: tl.constexpr,
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
-    trace_ptr=None, TRACE: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False, xo_deq_ptr=None, XO_DEQ: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -367,7 +379,7 @@ def mega_attention_kernel(
     if SPLITS == 1:
         _epilogue_tl(
             acc, l_i, m_i, 0, token, heads, head_ok, sink, cos_a, sin_a, xo_ptr, codes_ptr,
-            lse_ptr, H, G, HT, _HEAD_DIM, DOT_BF16,
+            lse_ptr, xo_deq_ptr, H, G, HT, _HEAD_DIM, DOT_BF16, XO_DEQ,
         )  # fmt: skip
     else:
         # Partials of (token, tile) `pid`, split `split`: o [HT, 512] and (max, sum) [2, HT].
@@ -440,7 +452,7 @@ def mega_attention_combine_kernel(
     H: tl.constexpr, G: tl.constexpr, HT: tl.constexpr, SPLITS: tl.constexpr, W: tl.constexpr,
     CH: tl.constexpr, USE_PDL: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
     HW: tl.constexpr = False, SPLIT_HEAD: tl.constexpr = 1, SPLIT_TAIL: tl.constexpr = 0,
-    WIDE: tl.constexpr = False,
+    WIDE: tl.constexpr = False, xo_deq_ptr=None, XO_DEQ: tl.constexpr = False,
 ):  # fmt: skip
     """Dims ``pid(1) * W ..`` of heads ``pid(2) * CH ..`` of (token, head tile) ``pid(0)``: the
     splits' partials rescaled to their common max and summed (in split order, or all read at
@@ -485,8 +497,8 @@ def mega_attention_combine_kernel(
             l_i += w * tl.load(stats + (t * (2 * HT) + HT))
             acc += w[:, None] * tl.load(parts + t * (HT * _HEAD_DIM))
     _epilogue_tl(
-        acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr, H, G, CH,
-        W, HW,
+        acc, l_i, m_i, d0, token, heads, head_ok, sink, c, s, xo_ptr, codes_ptr, lse_ptr,
+        xo_deq_ptr, H, G, CH, W, HW, XO_DEQ,
     )  # fmt: skip
     if TRACE:
         _stamp_now_tl(stamps, 5, pid)
@@ -644,6 +656,7 @@ def mega_attention(
     records_ready: bool = False,
     tuning: AttentionTuning | None = None,
     pdl: bool | None = None,
+    xo_deq: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of M tokens over their key tables -> ``(xo, xo_codes, lse)`` (module docstring).
 
@@ -664,7 +677,9 @@ def mega_attention(
       caches (the caller ordered the record insert before it with a full stream dependency);
       a split of one key block then reads its keys before the PDL wait.
     - ``tuning`` (a step's ``Tuning`` passes it; ``splits`` is then ignored) and ``pdl``: None
-      picks them for M (``attention_tuning``, ``pdl_enabled``).
+      picks them for M (``attention_tuning``, ``pdl_enabled``);
+    - ``xo_deq`` bf16 ``[M, H * 512]``: when given, receives xo's values dequantized (fused O
+      layout), the activation of a wo_a whose MMA loop reads it so.
 
     Returns ``xo`` e4m3 ``[M, H * 512]`` in the fused O layout (per group g of
     ``heads_per_group`` heads: ``xo[m, g * G * 512 + (c * G + e) * 32 + j]`` is head
@@ -689,6 +704,8 @@ def mega_attention(
     _check("attn_sink", attn_sink, (torch.float32,), (heads,))
     _check("cos", cos, (torch.float32,), (cos.shape[0], ROPE_DIM // 2))
     _check("sin", sin, (torch.float32,), tuple(cos.shape))
+    if xo_deq is not None:
+        _check("xo_deq", xo_deq, (torch.bfloat16,), (tokens, heads * HEAD_DIM))
     if heads_per_group <= 0 or heads % heads_per_group:
         raise ValueError(
             f"heads_per_group: expected a divisor of the {heads} heads, got {heads_per_group}"
@@ -755,6 +772,7 @@ def mega_attention(
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
+        xo_deq_ptr=lse if xo_deq is None else xo_deq, XO_DEQ=xo_deq is not None,
         **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
@@ -766,6 +784,7 @@ def mega_attention(
             CH=ch, num_warps=4, USE_PDL=pdl, HW=not interpreting(),
             **split_pieces(splits), WIDE=tuning.combine_wide,
             trace_ptr=lse if trace is None else trace[tiles * splits:], TRACE=trace is not None,
+            xo_deq_ptr=lse if xo_deq is None else xo_deq, XO_DEQ=xo_deq is not None,
             **pdl_launch_options(pdl),
         )  # fmt: skip
     return xo, xo_codes, lse

@@ -14,7 +14,10 @@ prologues (``A_MODE``):
   token's position, rounded to bf16 and cast to MXFP8 (the fused WO-A kernel);
 - ``A_NORM`` (CUDA-core loop only): bf16 ``qr [M, K]``, RMS-normalised over its
   K columns, times the norm weight, rounded to bf16 and cast to MXFP8: wq_b's
-  activation straight from the Wqkv output, as ``norm_rope_insert`` makes it.
+  activation straight from the Wqkv output, as ``norm_rope_insert`` makes it;
+- ``A_DEQ`` (MMA loop only): bf16 ``[M, G K]`` holding an MXFP8 activation's values
+  already dequantized by the launch that made it (``Dequantized``; exact: an e4m3 value
+  times a power of two), the dot's operand as read, so the loop converts only weights.
 
 Grouped GEMMs (``wo_a``) give each group of ``N_PER_GROUP`` output rows its
 own ``K`` columns of ``a``: ``out[:, g * Ng + n] = a[:, g * K : (g + 1) * K] @
@@ -69,6 +72,7 @@ A_MX = tl.constexpr(0)  # a is MXFP8 values + codes
 A_CAST = tl.constexpr(1)  # a is bf16, cast to MXFP8 in the prologue
 A_O = tl.constexpr(2)  # a is a standard-layout bf16 o: inverse RoPE + fused O columns + cast
 A_NORM = tl.constexpr(3)  # a is bf16 qr: RMSNorm * weight, bf16, cast (the CUDA-core loop)
+A_DEQ = tl.constexpr(4)  # a is bf16 MXFP8 values, dequantized by their producer (the MMA loop)
 _MX = tl.constexpr(MX_BLOCK)  # 32
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
@@ -289,6 +293,7 @@ def mx_gemm_kernel(
     out_ptr,
     out8_ptr,
     out8_codes_ptr,
+    out_deq_ptr,
     part_ptr,
     ticket_ptr,
     pos_ptr,
@@ -303,6 +308,7 @@ def mx_gemm_kernel(
     stride_om,
     stride_o8m,
     stride_o8cm,
+    stride_odm,
     N: tl.constexpr,
     K: tl.constexpr,
     N_PER_GROUP: tl.constexpr,
@@ -323,6 +329,7 @@ def mx_gemm_kernel(
     K_STEPS: tl.constexpr = 1,
     K_TAIL: tl.constexpr = 0,
     A8_OUT: tl.constexpr = False,
+    DEQ_OUT: tl.constexpr = False,
     TRACE: tl.constexpr = False,
     HW_E4M3: tl.constexpr = False,
     rp_table_ptr=None,
@@ -339,12 +346,15 @@ def mx_gemm_kernel(
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
-    hardware's conversions. ``RP_PER`` > 0: before the PDL wait each program asks the L2 for its
-    share of the records attention reads next (``RecordsAhead``, ``prefetch_share_tl``)."""
+    hardware's conversions. ``DEQ_OUT`` (with ``QUANT_OUT``): the out8 values dequantized go
+    to ``out_deq`` as bf16 too (the next GEMM's ``A_DEQ``). ``RP_PER`` > 0: before the PDL
+    wait each program asks the L2 for its share of the records attention reads next
+    (``RecordsAhead``, ``prefetch_share_tl``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
     K_SPLIT: tl.constexpr = K // SPLIT_K
+    tl.static_assert(not DEQ_OUT or QUANT_OUT, "DEQ_OUT stores the out8 values dequantized")
     n0 = pid_n * BLOCK_N
     group = n0 // N_PER_GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -463,6 +473,11 @@ def mx_gemm_kernel(
                     BLOCK_M,
                     BLOCK_K,
                 )
+            elif A_MODE == A_DEQ:  # the dot's operand as read (bf16 on the GPU)
+                a = tl.load(a_ptr + rows[:, None] * stride_am + (group * K + k)[None, :],
+                            mask=row_ok[:, None], other=0.0)  # fmt: skip
+                if not DOT_BF16:
+                    a = a.to(tl.float32)
             elif A_MODE == A_CAST:
                 x = tl.load(
                     a_ptr + rows[:, None] * stride_am + k[None, :], mask=row_ok[:, None], other=0.0
@@ -504,6 +519,9 @@ def mx_gemm_kernel(
                 c.to(tl.uint8),
                 mask=row_ok[:, None] & (cn < N // _MX)[None, :],
             )
+            if DEQ_OUT:
+                deq = mx_dequantize_tl(v, c, BLOCK_M, BLOCK_N).to(tl.bfloat16)
+                tl.store(out_deq_ptr + rows[:, None] * stride_odm + n[None, :], deq, mask=out_ok)
     if TRACE:  # (start, PDL wait over, end: ns; SM) of this program
         prog = (pid_m * tl.num_programs(1) + pid_k) * tl.num_programs(0) + pid_n
         at = trace_ptr + prog.to(tl.int64) * _TRACE_FIELDS
@@ -718,14 +736,22 @@ class NormInput:
     eps: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Dequantized:
+    """An MXFP8 activation as its values dequantized to bf16 (exact), for the ``A_DEQ`` MMA loop."""
+
+    a: torch.Tensor  # bf16 [M, G K]
+
+
 def mx_gemm(
-    a: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | OInput | NormInput,
+    a: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | OInput | NormInput | Dequantized,
     w: torch.Tensor,
     w_scale: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
     out8: tuple[torch.Tensor, torch.Tensor] | None = None,
     a8_out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out_deq: torch.Tensor | None = None,
     n_per_group: int | None = None,
     scratch: Scratch | None = None,
     config: GemmConfig | None = None,
@@ -735,13 +761,16 @@ def mx_gemm(
     """``out = dequant(a8) @ dequant(w)^T`` per group of ``n_per_group`` rows -> bf16 ``[M, N]``.
 
     ``a``: bf16 ``[M, G K]`` (cast in the prologue), ``(values e4m3 [M, G K],
-    codes uint8 [M, G K / 32])``, an ``OInput`` (fused WO-A) or a ``NormInput``
-    (the RMSNorm prologue, CUDA-core token buckets only); ``G = N /
+    codes uint8 [M, G K / 32])``, an ``OInput`` (fused WO-A), a ``NormInput``
+    (the RMSNorm prologue, CUDA-core token buckets only) or a ``Dequantized`` (MMA
+    token buckets only); ``G = N /
     n_per_group`` groups (1 unless grouped). ``w`` e4m3 ``[N, K]``, ``w_scale``
     uint8 ``[N, K / 32]``. ``out8 = (values e4m3 [M, N], codes uint8 [M, N /
     32])``, when given, receives the MXFP8 cast of the bf16 out. ``a8_out`` (the same
     formats, ``[M, K]``), when given with a bf16 ``a`` on the CUDA-core loop, receives the
     MXFP8 form of ``a`` the prologue made (wo_b casting z: wo_a then needs no MXFP8 epilogue).
+    ``out_deq`` (bf16 ``[M, N]``, with ``out8``) receives out8's values dequantized (wo_a
+    feeding a ``Dequantized`` z to wo_b).
     ``records``: the records attention reads next, which the programs of a CUDA-core loop ask
     the L2 for before their wait (where the platform has inline PTX: not on ROCm, nor under the
     interpreter, which has no L2). ``config`` and ``pdl`` (a step's ``Tuning`` passes both):
@@ -783,6 +812,10 @@ def mx_gemm(
         _check("a values", a_val, E4M3, (m, groups * k))
         _check("a codes", a_codes, torch.uint8, (m, groups * k // MX_BLOCK))
         mode, stride_am, stride_acm = A_MX, a_val.stride(0), a_codes.stride(0)
+    elif isinstance(a, Dequantized):
+        m = a.a.shape[0]
+        _check("a dequantized", a.a, torch.bfloat16, (m, groups * k))
+        mode, a_val, a_codes, stride_am, stride_acm = A_DEQ, a.a, a.a, a.a.stride(0), 0
     else:
         m = a.shape[0]
         _check("a", a, torch.bfloat16, (m, k))
@@ -796,10 +829,15 @@ def mx_gemm(
     if quant:
         _check("out8 values", out8[0], E4M3, (m, n))
         _check("out8 codes", out8[1], torch.uint8, (m, n // MX_BLOCK))
+    if out_deq is not None:
+        if not quant:
+            raise ValueError("out_deq: expected it with out8 (it receives out8's values "
+                             "dequantized), got no out8")  # fmt: skip
+        _check("out_deq", out_deq, torch.bfloat16, (m, n))
     cfg = config or gemm_config(
         m, n, k, n_per_group=n_per_group, quant_out=quant, sms=sm_count(dev),
         block_k_max=O_PROLOGUE_BLOCK_K if mode == A_O else BLOCK_K_MAX,
-        gemv_ok=mode != A_O,
+        gemv_ok=mode not in (A_O, A_DEQ),
     )  # fmt: skip
     if a8_out is not None:
         if mode != A_CAST or quant or not cfg.gemv:
@@ -810,6 +848,11 @@ def mx_gemm(
             )
         _check("a8_out values", a8_out[0], E4M3, (m, k))
         _check("a8_out codes", a8_out[1], torch.uint8, (m, k // MX_BLOCK))
+    if mode == A_DEQ and cfg.gemv:
+        raise ValueError(
+            f"a: a Dequantized activation feeds the MMA loop (token buckets above "
+            f"{GEMV.max_m} by default), got {m} tokens and {cfg}"
+        )
     if mode == A_NORM and not cfg.gemv:
         raise ValueError(
             f"a: the RMSNorm prologue runs on the CUDA-core loop (token buckets up to "
@@ -864,6 +907,7 @@ def mx_gemm(
         out,
         o8v,
         o8c,
+        out_deq if out_deq is not None else out,
         part,
         tickets,
         pos if pos is not None else out,
@@ -878,6 +922,7 @@ def mx_gemm(
         out.stride(0),
         o8v.stride(0),
         o8c.stride(0),
+        out_deq.stride(0) if out_deq is not None else 0,
         N=n,
         K=k,
         N_PER_GROUP=n_per_group,
@@ -898,6 +943,7 @@ def mx_gemm(
         K_STEPS=cfg.k_steps,
         K_TAIL=cfg.k_tail,
         A8_OUT=a8_out is not None,
+        DEQ_OUT=out_deq is not None,
         TRACE=trace is not None,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and current_platform().ptx else {}),
