@@ -4,7 +4,8 @@ selection a layer makes at init (docs/design.md §6.3).
 Every step callable has the signature ``f(layer, inputs: StepInputs)``. ``step`` checks its
 inputs and returns every seam (a dict); ``forward`` is the server path (y only, inputs
 already checked, no host sync); ``launch`` enqueues y only and is graph-capturable (what
-``dsv41 bench`` times); ``warmup(layer, max_tokens)`` compiles what such steps dispatch.
+``dsv41 bench`` times; ``launch_with(name, changes)`` is a kernel backend's with its tuning
+changed, for A/B runs); ``warmup(layer, max_tokens)`` compiles what such steps dispatch.
 ``limits(name)`` reads a backend's limits without importing its kernels; ``get(name)``
 imports them.
 
@@ -117,6 +118,45 @@ def get(name: str) -> Backend:
         return {}
 
     return Backend(name, step, forward, forward, LIMITS[name], warmup)
+
+
+def tuning_type(name: str) -> type:
+    """The frozen dataclass of a kernel backend's launch choices (what ``launch_with``
+    changes)."""
+    if name == "nvidia":
+        from dsv41.nvidia.tuning import Tuning
+
+        return Tuning
+    if name == "mono":
+        from dsv41.amd.mono.tuning import Tuning
+
+        return Tuning
+    raise ValueError(f"backend: expected one of {KERNEL_BACKENDS} (a tuning to change), "
+                     f"got {name!r}")  # fmt: skip
+
+
+def launch_with(name: str, changes: dict[str, object]) -> ForwardFn:
+    """``get(name).launch`` with ``changes`` applied to the tuning the backend resolves for each
+    step's M (nvidia: to ``tuning_for``'s, a dotted name reaching a nested field; mono:
+    ``resolve(dims, M, **changes)``, in runners of its own), for A/B runs (``dsv41 bench
+    --variant``); the serving path keeps its defaults."""
+    tuning_type(name)  # a kernel backend's name
+    if name == "nvidia":
+        from dsv41.nvidia.step import nvidia_step
+        from dsv41.nvidia.tuning import changed, tuning_for
+
+        def launch(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
+            tuning = changed(tuning_for(layer.dims, inputs.x.device, inputs.tokens), changes)
+            return nvidia_step(layer, inputs, check=False, tuning=tuning)["y"]
+
+        return launch
+    from dsv41.amd.mono.launcher import mono_launch
+    from dsv41.amd.mono.tuning import resolve
+
+    def launch(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
+        return mono_launch(layer, inputs, resolve(layer.dims, inputs.tokens, **changes))
+
+    return launch
 
 
 def _check_name(name: str) -> None:

@@ -20,20 +20,26 @@ PyTorch parts, ``torch._scaled_mm`` FP8 GEMMs with row-wise scales, keys gathere
 table, a torch softmax with the sink, captured in the same graph; each other row's
 ``x torch`` is its speed-up over it.
 
+``--variant nvidia:wo_a.block_k=128,pdl=0`` (repeatable) adds rows of a kernel backend with its
+tuning changed, timed in the same run, with their last layer's max |y - y of the default row|.
+
 (``python benchmarks/bench_layer.py`` takes the same arguments.)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
+import typing
 
 import torch
 
+from dsv41 import backends
 from dsv41.argtypes import HelpFormatter, int_at_least, new_file
-from dsv41.backends import NAMES
+from dsv41.backends import KERNEL_BACKENDS, NAMES
 from dsv41.common.geometry import TP_SIZES
 
 PEER = "torch"  # the stock peer's name (dsv41/peer.py): a bench row, not a serving backend
@@ -46,6 +52,95 @@ REPLAYS = 50
 REFERENCE_REPEATS = 5
 # SM90's record format (docs/design.md §4); the mono kernel reads only it
 RECORD_FORMAT = "fp8_ds_mla"
+BOOLS = {"0": False, "1": True, "false": False, "true": True}  # a --variant's bool values
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A ``--variant``: a kernel backend's launch choices changed, timed beside its default."""
+
+    backend: str
+    changes: dict[str, object]  # Tuning field (dotted: a nested one's) -> value
+    label: str  # the FIELD=VALUE list as given: the rows' "variant"
+
+
+def tuning_fields(cls: type, prefix: str = "") -> dict[str, object]:
+    """``{name: type}`` of every field a ``--variant`` may set in the dataclass ``cls``, a nested
+    dataclass's fields under dotted names (``wo_a.block_k``)."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            out.update(tuning_fields(hint, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = hint
+    return out
+
+
+def field_list(names: list[str]) -> str:
+    """Field names for an error, nested ones braced by the dataclasses that share them:
+    ``pdl, {wq_b, wo_a}.{block_k, split_k}``."""
+    nested: dict[str, list[str]] = {}
+    for name in names:
+        head, _, field = name.rpartition(".")
+        nested.setdefault(head, []).append(field)
+    heads: dict[tuple[str, ...], list[str]] = {}  # the fields -> the dataclasses holding them
+    for head, fields in nested.items():
+        heads.setdefault(tuple(fields), []).append(head)
+    brace = lambda xs: xs[0] if len(xs) == 1 else "{" + ", ".join(xs) + "}"  # noqa: E731
+    return ", ".join(", ".join(fields) if hs == [""] else f"{brace(hs)}.{brace(fields)}"
+                     for fields, hs in heads.items())  # fmt: skip
+
+
+def parse_value(text: str, hint: object) -> object:
+    """``text`` as a value of type ``hint``: an int, a bool (0, 1, true, false), either or None;
+    ValueError saying what was expected."""
+    options = typing.get_args(hint)
+    if type(None) in options:
+        if text.lower() == "none":
+            return None
+        (hint,) = (o for o in options if o is not type(None))
+    if hint is bool:
+        if text.lower() in BOOLS:
+            return BOOLS[text.lower()]
+    else:
+        try:
+            return hint(text)
+        except ValueError:
+            pass
+    kind = "0, 1, true or false" if hint is bool else f"an {hint.__name__}"
+    kind += " or None" if type(None) in options else ""
+    raise ValueError(f"expected {kind}, got {text!r}")
+
+
+def parse_variant(spec: str) -> Variant:
+    """``BACKEND:FIELD=VALUE[,FIELD=VALUE...]`` as a ``Variant``, each VALUE parsed to its
+    field's type; ValueError saying what was expected and what came."""
+    backend, colon, body = (part.strip() for part in spec.partition(":"))
+    if backend not in KERNEL_BACKENDS or not colon:
+        raise ValueError(f"expected BACKEND:FIELD=VALUE[,FIELD=VALUE...] with BACKEND in "
+                         f"{KERNEL_BACKENDS}, got {spec!r}")  # fmt: skip
+    try:
+        fields = tuning_fields(backends.tuning_type(backend))
+    except ImportError as e:
+        raise ValueError(f"{backend} backend unavailable: {e}") from None
+    changes: dict[str, object] = {}
+    items = [item.strip() for item in body.split(",")]
+    for item in items:
+        name, eq, text = (part.strip() for part in item.partition("="))
+        if not eq or not text:
+            raise ValueError(f"expected FIELD=VALUE after {backend}:, got {item!r} in {spec!r}")
+        if name not in fields:
+            raise ValueError(f"expected a field of {backend}'s Tuning "
+                             f"({field_list(list(fields))}), got {name!r}")  # fmt: skip
+        if name in changes:
+            raise ValueError(f"expected each field once, got {name!r} twice in {spec!r}")
+        try:
+            changes[name] = parse_value(text, fields[name])
+        except ValueError as e:
+            raise ValueError(f"{backend} {name}: {e}") from None
+    return Variant(backend, changes, ",".join(items))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,6 +165,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replays", type=int_at_least(1), default=REPLAYS, help="graph replays timed")
     p.add_argument("--reference-repeats", type=int_at_least(1), default=REFERENCE_REPEATS,
                    help="eager reference steps timed")
+    p.add_argument("--variant", action="append", metavar="BACKEND:FIELD=VALUE[,...]",
+                   help="rows of a backend of --backend with its launch choices changed (nvidia: "
+                   "dsv41/nvidia/tuning.py, a dotted name for a nested field, wo_a.block_k=128; "
+                   "mono: dsv41/amd/mono/tuning.py); repeatable")
     p.add_argument("--json", type=new_file, default=None, help="write the rows here")
     p.add_argument("--plot", type=new_file, default=None,
                    help="write a PNG of us/step against M (needs matplotlib)")
@@ -77,6 +176,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     if not args.backends or any(b not in BACKENDS for b in args.backends):
         p.error(f"argument --backend: expected names from {BACKENDS}, got {args.backend!r}")
+    try:
+        args.variants = [parse_variant(spec) for spec in args.variant or []]
+    except ValueError as e:
+        p.error(f"argument --variant: {e}")
+    for v in args.variants:
+        if v.backend not in args.backends:
+            p.error(f"argument --variant: expected a backend of --backend ({args.backend}) to "
+                    f"compare with, got {v.backend!r}")  # fmt: skip
     if args.rank >= args.tp:
         p.error(f"argument --rank: expected 0 <= rank < --tp = {args.tp}, got {args.rank}")
     try:
@@ -130,19 +237,29 @@ def compressed_layer(config: str, tp: int, seed: int, device: str = "cuda"):
     return dims, layer
 
 
-def step_function(backend: str):
+def step_function(backend: str, changes: dict[str, object] | None = None):
     """``step(layer, inputs)`` of a backend: its enqueue-only, graph-capturable launch
-    (``dsv41.backends``; the stock peer's step for ``torch``), or why it cannot be had."""
-    from dsv41 import backends
-
+    (``dsv41.backends``; with its tuning changed as ``changes`` says, ``launch_with``; the stock
+    peer's step for ``torch``), or why it cannot be had."""
     if backend == PEER:
         from dsv41.peer import TorchPeer
 
         return TorchPeer()
     try:
-        return backends.get(backend).launch
+        return backends.launch_with(backend, changes) if changes else backends.get(backend).launch
     except ImportError as e:
         return f"{backend} backend unavailable: {e}"
+
+
+class LastOutput:
+    """A step that keeps its last call's output: in a graph, the captured y its replays write."""
+
+    def __init__(self, step):
+        self.step, self.y = step, None
+
+    def __call__(self, layer, inputs) -> torch.Tensor:
+        self.y = self.step(layer, inputs)
+        return self.y
 
 
 def layer_steps(step, layers, scenarios):
@@ -250,7 +367,10 @@ def graph_scenarios(dims, layers: list, m: int) -> list:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    """Time every backend of ``args.backends`` at every M; the rows (also printed as a table)."""
+    """Time every backend of ``args.backends``, each followed by its ``args.variants``, at every
+    M; the rows (also printed as a table)."""
+    from triton.errors import TritonError
+
     from dsv41.common.geometry import Dims
     from dsv41.common.kv_cache import record_format
 
@@ -262,35 +382,52 @@ def run(args: argparse.Namespace) -> list[dict]:
     record_bytes = record_format(RECORD_FORMAT).record_bytes
     print(f"{model.name} tp {args.tp} rank {args.rank}: {n_layers} layers of {w_bytes / 1e6:.1f} MB "
           f"weights per graph; copy bandwidth {bandwidth / 1e12:.2f} TB/s; {RECORD_FORMAT}")
-    steps = {b: step_function(b) for b in args.backends}
+    steps = []  # (backend, variant label or None, step): each backend, then its variants
+    for b in args.backends:
+        steps.append((b, None, step_function(b)))
+        steps += [(b, v.label, step_function(b, v.changes)) for v in args.variants
+                  if v.backend == b]  # fmt: skip
     reference = step_function("reference")
     rows: list[dict] = []
-    total, done = len(args.tokens) * len(args.backends), 0
+    total, done = len(args.tokens) * len(steps), 0
     for m in args.tokens:
         scenarios = graph_scenarios(dims, layers, m)
         floor = floor_seconds(w_bytes, m, model, bandwidth)
         ref = time_eager(reference, layers[0], scenarios[0].clone_caches(), args.reference_repeats)
-        for backend, step in steps.items():
-            progress(done, total, f"{backend} M={m}")
-            done += 1
+        default_y = {}  # backend -> its default row's last-layer y at this M
+        for backend, variant, step in steps:
             base = {"backend": backend, "config": model.name, "tp": args.tp, "rank": args.rank,
                     "tokens": m}
+            if variant is not None:
+                base["variant"] = variant
+            progress(done, total, f"{label(base)} M={m}")
+            done += 1
             if isinstance(step, str):
                 rows.append({**base, "error": step})
                 continue
+            last = LastOutput(step)
             try:
                 per_step = ref if backend == "reference" else (
-                    time_graph(step, layers, scenarios, args.replays) / n_layers)
-            except (RuntimeError, ValueError) as e:  # e.g. the mono kernel's token limit
+                    time_graph(last, layers, scenarios, args.replays) / n_layers)
+            # e.g. the mono kernel's token limit, a variant's refused or uncompilable tiles
+            except (RuntimeError, ValueError, TritonError) as e:
                 rows.append({**base, "error": f"{type(e).__name__}: {e}"})
                 continue
-            rows.append({
+            row = {
                 **base, "layers": n_layers, "us_per_step": per_step * 1e6, "floor_us": floor * 1e6,
                 "ratio_to_floor": per_step / floor, "reference_us": ref * 1e6,
                 "speedup_vs_reference": ref / per_step, "weight_bytes": w_bytes,
                 "kv_bytes": m * model.keys * record_bytes, "copy_bandwidth": bandwidth,
                 "record_format": RECORD_FORMAT,
-            })
+            }
+            if variant is None:
+                default_y[backend] = last.y
+            elif last.y is not None and default_y.get(backend) is not None:
+                # every step inserts its own records before attention reads them, so the last
+                # layer's y depends on the step alone, not on which row ran before it
+                dy = (last.y.float() - default_y[backend].float()).abs().max()
+                row["y_vs_default"] = dy.item()
+            rows.append(row)
     progress(total, total, "done")
     add_peer_ratios(rows)
     return rows
@@ -304,23 +441,34 @@ def add_peer_ratios(rows: list[dict]) -> None:
             r["speedup_vs_torch"] = peer[r["tokens"]] / r["us_per_step"]
 
 
+def label(row: dict) -> str:
+    """A row's name in the table and plot: its backend, then any variant in brackets."""
+    return row["backend"] + (f"[{row['variant']}]" if "variant" in row else "")
+
+
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'backend':<10} {'M':>4} {'us/step':>9} {'floor us':>9} {'x floor':>8} "
+    """The rows as a table; ``y vs def`` (with variants only): max |y - y of the default row|
+    at the last layer, 0 where bit-equal."""
+    w = max([10] + [len(label(r)) for r in rows])
+    head = (f"{'backend':<{w}} {'M':>4} {'us/step':>9} {'floor us':>9} {'x floor':>8} "
             f"{'ref us':>9} {'x faster':>9} {'x torch':>8}")
+    head += f" {'y vs def':>9}" if any("variant" in r for r in rows) else ""
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['backend']:<10} {r['tokens']:>4}  {r['error']}")
+            lines.append(f"{label(r):<{w}} {r['tokens']:>4}  {r['error']}")
             continue
-        peer = f"{r['speedup_vs_torch']:>8.1f}" if "speedup_vs_torch" in r else ""
-        lines.append(f"{r['backend']:<10} {r['tokens']:>4} {r['us_per_step']:>9.1f} "
+        peer = f"{r['speedup_vs_torch']:>8.1f}" if "speedup_vs_torch" in r else " " * 8
+        dy = f" {r['y_vs_default']:>9.3g}" if "y_vs_default" in r else ""
+        lines.append(f"{label(r):<{w}} {r['tokens']:>4} {r['us_per_step']:>9.1f} "
                      f"{r['floor_us']:>9.1f} {r['ratio_to_floor']:>8.2f} {r['reference_us']:>9.1f} "
-                     f"{r['speedup_vs_reference']:>9.1f} {peer}".rstrip())
+                     f"{r['speedup_vs_reference']:>9.1f} {peer}{dy}".rstrip())
     return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: str) -> str:
-    """A PNG of us/step against M for each backend, the floor as a dashed line; a note on failure."""
+    """A PNG of us/step against M for each backend and variant, the floor as a dashed line; a
+    note on failure."""
     try:
         import matplotlib
 
@@ -330,9 +478,9 @@ def plot(rows: list[dict], path: str) -> str:
         return "plot skipped: matplotlib is not installed (pip install 'dsv41[plot]')"
     ok = [r for r in rows if "error" not in r]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for backend in dict.fromkeys(r["backend"] for r in ok):
-        pts = [(r["tokens"], r["us_per_step"]) for r in ok if r["backend"] == backend]
-        ax.plot(*zip(*pts), marker="o", label=backend)
+    for name in dict.fromkeys(label(r) for r in ok):
+        pts = [(r["tokens"], r["us_per_step"]) for r in ok if label(r) == name]
+        ax.plot(*zip(*pts), marker="o", label=name)
     floor = sorted({(r["tokens"], r["floor_us"]) for r in ok})
     if floor:
         ax.plot(*zip(*floor), linestyle="--", color="black", label="floor (docs/design.md §8)")

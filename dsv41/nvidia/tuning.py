@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TypeVar
 
 import torch
 
@@ -23,6 +24,7 @@ from dsv41.nvidia.ops.mx_gemm import GEMV, GemmConfig, GemvRules, gemm_config
 from dsv41.nvidia.ops.pdl import pdl_enabled
 
 GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
+D = TypeVar("D")  # a Tuning or a dataclass nested in it
 
 
 def gemm_shapes(dims: Dims) -> dict[str, tuple[int, int, int | None, bool]]:
@@ -125,3 +127,20 @@ def tuning_for(dims: Dims, device: torch.device, tokens: int) -> Tuning:
     ``DSV41_PDL``)."""
     return _cached(dims, sm_count(device), bucket_for(tokens), switches.pdl(),
                    current_platform())  # fmt: skip
+
+
+def changed(tuning: D, changes: dict[str, object]) -> D:
+    """``tuning`` (a ``Tuning`` or a dataclass nested in it) with ``changes`` applied by
+    ``dataclasses.replace``, a dotted name reaching a nested field: ``{"pdl": False,
+    "wo_a.block_k": 128}`` (A/B runs, ``dsv41 bench --variant``)."""
+    top: dict[str, object] = {}
+    nested: dict[str, dict[str, object]] = {}
+    for name, value in changes.items():
+        head, dot, rest = name.partition(".")
+        if dot:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[head] = value
+    for head, sub in nested.items():
+        top[head] = changed(getattr(tuning, head), sub)
+    return dataclasses.replace(tuning, **top)

@@ -210,12 +210,14 @@ class MonoRunner:
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def runner_for(layer: LayerWeights, tokens: int) -> MonoRunner:
-    """The cached runner of (layer, tokens), created on first use."""
+def runner_for(layer: LayerWeights, tokens: int, tuning: Tuning | None = None) -> MonoRunner:
+    """The cached runner of (layer, tokens, tuning), created on first use; ``tuning`` None: the
+    measured choices. A runner's tuning is fixed at build, so one given a tuning is never the
+    default's entry, even where the two tunings agree."""
     per_layer = _RUNNERS.setdefault(layer, {})
-    if tokens not in per_layer:
-        per_layer[tokens] = MonoRunner(layer, tokens, shared=True)
-    return per_layer[tokens]
+    if (tokens, tuning) not in per_layer:
+        per_layer[tokens, tuning] = MonoRunner(layer, tokens, shared=True, tuning=tuning)
+    return per_layer[tokens, tuning]
 
 
 def validate_inputs(layer: LayerWeights, inputs: StepInputs) -> None:
@@ -294,12 +296,14 @@ def mono_forward(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
     return y
 
 
-def mono_launch(layer: LayerWeights, inputs: StepInputs) -> torch.Tensor:
-    """One launch of the cached runner returning y: no error report, no host sync
-    (graph-capturable; what the bench times)."""
+def mono_launch(
+    layer: LayerWeights, inputs: StepInputs, tuning: Tuning | None = None
+) -> torch.Tensor:
+    """One launch of the cached runner (of ``tuning``; None: the measured choices) returning y:
+    no error report, no host sync (graph-capturable; what the bench times)."""
     check_record_formats(inputs)
     y = torch.empty_like(inputs.x)
-    runner_for(layer, inputs.tokens).launch(inputs, y)
+    runner_for(layer, inputs.tokens, tuning).launch(inputs, y)
     return y
 
 
