@@ -23,7 +23,7 @@ from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mx_gemm import GemvRules, Scratch, gemm_config
 from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, StepBuffers, launch_step, nvidia_step
-from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, resolve, tuning_for
+from dsv41.nvidia.tuning import GEMM_SITES, changed, gemm_shapes, resolve, tuning_for
 from dsv41.nvidia.warmup import REGISTRY, warmup
 
 LAYER_ID = 1  # compressed: window + top-k
@@ -194,3 +194,16 @@ def test_dequantized_activations_change_no_bit(layer):
     for name, value in want.items():
         assert torch.equal(getattr(out, name), value.to(torch.bfloat16)), name
     assert torch.equal(fused.to(torch.bfloat16).float(), fused)  # exact in bf16
+
+
+def test_streamed_gemms_match_the_reference(layer):
+    """``Tuning.stream`` (with ``a_dequantized``) at an MMA bucket: every GEMM a stream of
+    programs (the tiny geometry's K is one step a tile; shared tiles: test_gemms.py); the seams
+    against the reference as the default step's are."""
+    cpu = torch.device("cpu")
+    tuning = changed(tuning_for(layer.dims, cpu, 5), {"a_dequantized": True, "stream": True})
+    assert all(tuning.config(site).programs for site in GEMM_SITES)
+    sc = make_scenario(layer.dims, LAYER_ID, 5, fmt="fp8_ds_mla", seed=33)
+    check_seams(layer, *run_both(layer, sc, tuning))
+    with pytest.raises(ValueError, match="Tuning.stream: expected it with a_dequantized"):
+        changed(tuning, {"a_dequantized": False})
