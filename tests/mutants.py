@@ -84,6 +84,13 @@ MUTATIONS = (
         ("tests/amd/test_mono_handoffs.py", "-k", "kernel_waits"),
         "attention no longer waits for every token's record to be inserted",
     ),
+    Mutation(
+        "mono_ahead_wrong_block", "dsv41/amd/mono/kernel.py",
+        "ws_stride, k0 + 5 * BK, K, BK)",
+        "ws_stride, k0 + 4 * BK, K, BK)",
+        ("tests/amd/test_mono_kernel.py", "-k", "five_blocks_ahead"),
+        "5 blocks ahead, each K step loads the block 4 ahead, not 5: blocks twice, the last never",
+    ),
 )
 
 
