@@ -72,7 +72,7 @@ MUTATIONS = (
     ),
     Mutation(
         "nvidia_y_rtz", "dsv41/nvidia/ops/mx_gemm.py",
-        "out = bf16_rn_tl(acc, HW_E4M3)",
+        "out = bf16_rn_tl(acc, HW)",
         "out = acc",
         ("tests/test_step_tolerances.py", "-k", "nvidia"),
         "the GEMM epilogue (qkv, q, z, y) casts to bf16 by truncation on CPU",
@@ -90,6 +90,20 @@ MUTATIONS = (
         "ws_stride, k0 + 4 * BK, K, BK)",
         ("tests/amd/test_mono_kernel.py", "-k", "five_blocks_ahead"),
         "5 blocks ahead, each K step loads the block 4 ahead, not 5: blocks twice, the last never",
+    ),
+    Mutation(
+        "nvidia_a_deq_group_ignored", "dsv41/nvidia/ops/mx_gemm.py",
+        "stride_am + (group * K + k)[None, :],",
+        "stride_am + k[None, :],",
+        ("tests/nvidia/test_step.py", "-k", "dequantized_activations"),
+        "the MMA loop on dequantized activations reads every group's columns from group 0",
+    ),
+    Mutation(
+        "nvidia_stream_slot_dropped", "dsv41/nvidia/ops/mx_gemm.py",
+        "for q in range(first, last + 1):",
+        "for q in range(first, last):",
+        ("tests/nvidia/test_gemms.py", "-k", "stream_matches"),
+        "a streamed GEMM's shared tile sums every program's slot but the last one's",
     ),
 )
 
