@@ -13,9 +13,11 @@
 #                                                       nvidia:wo_a.block_k=128,wo_a.num_stages=3
 #                                                       or mono:gemv_cores=0 (y vs def 0: y equal)
 #   bash benchmarks/gpu_session.sh trace                where a mono step's time goes, per stage
-#   bash benchmarks/gpu_session.sh stream [BACKEND]     tp 4, M = 1, 4, 16, 48: each stage's TB/s
+#   bash benchmarks/gpu_session.sh stream [BACKEND [VARIANT]]
+#                                                       tp 4, M = 1, 4, 16, 48: each stage's TB/s
 #                                                       against cuBLAS FP8, the copy and a one-launch
-#                                                       reference (benchmarks/stream.py)
+#                                                       reference (benchmarks/stream.py; VARIANT:
+#                                                       FIELD=VALUE[,...], the tuning changed)
 #   bash benchmarks/gpu_session.sh ncu                  hardware counters at tp 4, M = 1
 #
 # BENCHMARKS.md holds the figures these modes gave and the command behind each table.
@@ -81,9 +83,11 @@ ab() {
 }
 
 stream() {
-  local backend=${1:-nvidia}
+  local backend=${1:-nvidia} variant=${2:-} tag
+  tag=$backend${variant:+_$(echo "$variant" | tr ',=.' '_-_')}
   timeout 500 python3 benchmarks/stream.py --backend "$backend" --tp 4 --tokens 1,4,16,48 \
-    --json "$OUT/stream_${backend}_tp4.json" 2>&1 | tee "$OUT/stream_$backend.txt" | tail -60
+    ${variant:+--variant "$variant"} --json "$OUT/stream_${tag}_tp4.json" 2>&1 \
+    | tee "$OUT/stream_$tag.txt" | tail -60
 }
 
 trace() {
@@ -119,5 +123,5 @@ ncu() {
 
 case "$what" in
   tests | parity | tables | ab | stream | trace | ncu) header; "$what" "$@" ;;
-  *) sed -n '2,21p' "$0"; exit 2 ;;
+  *) sed -n '2,23p' "$0"; exit 2 ;;
 esac

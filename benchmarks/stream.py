@@ -20,6 +20,10 @@ model's layers, weights past the L2), the median replay over the layer count:
   chunks), bytes only: the rate a one-launch step could stream at.
 
     python benchmarks/stream.py --backend nvidia --tp 4 --tokens 1,4,16,48 --json stream.json
+
+``--variant FIELD=VALUE[,...]`` times the backend with its tuning changed, as ``dsv41 bench
+--variant BACKEND:...`` does (e.g. ``a_dequantized=1,stream=1``: Wqkv's x rounding shows as stage
+``x_round``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import triton.language as tl
 from dsv41.argtypes import HelpFormatter, int_at_least, new_file
 from dsv41.bench import (
     RECORD_FORMAT,
+    parse_variant,
     copy_bandwidth,
     floor_seconds,
     graph_layers,
@@ -51,7 +56,7 @@ from dsv41.bench import (
 from dsv41.common.geometry import TP_SIZES
 from dsv41.common.kv_cache import decode_key_table, record_format
 from dsv41.common.mx import E4M3, MX_BLOCK
-from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, tuning_for  # sites in launch order
+from dsv41.nvidia.tuning import GEMM_SITES, changed, gemm_shapes, tuning_for  # launch order
 
 BACKENDS = ("nvidia", "mono")
 REPLAYS = 30
@@ -81,7 +86,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="layers in a graph (default: dsv41 bench's)")
     p.add_argument("--replays", type=int_at_least(1), default=REPLAYS, help="graph replays timed")
     p.add_argument("--json", type=new_file, default=None, help="write the results here")
+    p.add_argument("--variant", default=None, metavar="FIELD=VALUE[,...]",
+                   help="the backend's tuning changed, as dsv41 bench --variant BACKEND:... says")
     args = p.parse_args(argv)
+    try:
+        spec = f"{args.backend}:{args.variant}"
+        args.changes = parse_variant(spec).changes if args.variant else {}
+    except ValueError as e:
+        p.error(f"argument --variant: {e}")
     if args.rank >= args.tp:
         p.error(f"argument --rank: expected 0 <= rank < --tp = {args.tp}, got {args.rank}")
     try:
@@ -132,9 +144,10 @@ class StepLaunches:
 
     @staticmethod
     def _sites():
-        from dsv41.nvidia.ops import mega_attention, mx_gemm, norm_rope_insert
+        from dsv41.nvidia.ops import mega_attention, mx_gemm, mx_round, norm_rope_insert
 
-        return [(mx_gemm, "mx_gemm_kernel", "gemm"),
+        return [(mx_gemm, "mx_gemm_kernel", "gemm"), (mx_gemm, "mx_stream_kernel", "gemm"),
+                (mx_round, "mx_round_kernel", "x_round"),
                 (norm_rope_insert, "norm_rope_insert_kernel", "norm"),
                 (mega_attention, "mega_attention_kernel", "attention"),
                 (mega_attention, "mega_attention_combine_kernel", "combine")]  # fmt: skip
@@ -162,8 +175,8 @@ class StepLaunches:
 
 def stage_bytes(stage: str, layer, inputs, partial_bytes: int) -> int | None:
     """What a stage must move: a GEMM its weights and codes, attention the records its key
-    table names, the combine the split partials (``partial_bytes``); the norm: None (activations
-    only)."""
+    table names, the combine the split partials (``partial_bytes``); the norm and x's rounding:
+    None (activations only)."""
     if stage in WEIGHTS:
         return sum(getattr(layer, n).numel() * getattr(layer, n).element_size()
                    for n in WEIGHTS[stage])  # fmt: skip
@@ -177,10 +190,10 @@ def stage_bytes(stage: str, layer, inputs, partial_bytes: int) -> int | None:
     return None
 
 
-def partials_bytes(dims, tokens: int, device) -> int:
+def partials_bytes(dims, tokens: int, device, changes: dict) -> int:
     """Bytes of attention's split partials the combine reads: fp32 o and (max, sum) a head and
-    split."""
-    splits = tuning_for(dims, device, tokens).attention.splits
+    split (the tuning changed as ``changes`` says)."""
+    splits = changed(tuning_for(dims, device, tokens), changes).attention.splits
     return 0 if splits == 1 else tokens * dims.heads * splits * (dims.model.head_dim + 2) * 4
 
 
@@ -219,13 +232,15 @@ def mono_stage_rows(plan, traces: list[torch.Tensor], layer, inputs) -> list[dic
     return rows
 
 
-def mono_traces(layers: list, scenarios: list, tokens: int, count: int) -> tuple:
+def mono_traces(layers: list, scenarios: list, tokens: int, count: int, changes: dict) -> tuple:
     """``(plan, traces)``: ``count`` task traces of layer 0's mono launch, each after one launch
     of every other layer, so its weights come from HBM as in the graph; the runners are the
-    ones the step's graph replays (``runner_for``)."""
+    ones the step's graph replays (``runner_for``; with ``changes``, the variant's)."""
     from dsv41.amd.mono.launcher import runner_for
+    from dsv41.amd.mono.tuning import resolve
 
-    runners = [runner_for(layer, tokens) for layer in layers]
+    tuning = resolve(layers[0].dims, tokens, **changes) if changes else None
+    runners = [runner_for(layer, tokens, tuning) for layer in layers]
     ys = [torch.empty_like(sc.x) for sc in scenarios]
     traces = []
     for _ in range(count):
@@ -363,6 +378,7 @@ def run(args: argparse.Namespace) -> dict:
                  else figure(best[0], proj_bytes, **best[1]))  # fmt: skip
     result = {
         "config": model.name, "tp": args.tp, "rank": args.rank, "backend": args.backend,
+        "variant": args.variant,
         "layers": n_layers, "weight_bytes": w_bytes, "record_format": RECORD_FORMAT,
         "copy_bandwidth": bandwidth,
         "copy": {"us": copy_t * 1e6, "bytes": w_bytes, "tb_s": 2 * w_bytes / copy_t / 1e12},
@@ -380,7 +396,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"reference, the four projections' {proj_bytes / 1e6:.1f} MB in one launch (bytes "
               f"only, {config}): {reference['us']:.2f} us, {reference['tb_s']:.2f} TB/s")
     shapes = gemm_shapes(dims)
-    step = step_function(args.backend)
+    step = step_function(args.backend, args.changes)
     if isinstance(step, str):
         raise RuntimeError(step)
     for m in args.tokens:
@@ -389,7 +405,7 @@ def run(args: argparse.Namespace) -> dict:
         kv_bytes = m * model.keys * record_format(RECORD_FORMAT).record_bytes
         stages = []
         if args.backend == "nvidia":
-            partials = partials_bytes(dims, m, torch.device("cuda"))
+            partials = partials_bytes(dims, m, torch.device("cuda"), args.changes)
             with StepLaunches(step) as launches:
                 launches(layers[0], scenarios[0])
                 for i, name in enumerate(launches.stages):
@@ -400,7 +416,8 @@ def run(args: argparse.Namespace) -> dict:
                     stages.append({"stage": name, **figure(t, nbytes)})
         else:
             traced = attempt(f"M = {m} mono trace",
-                             lambda: mono_traces(layers, scenarios, m, TRACES))  # fmt: skip
+                             lambda: mono_traces(layers, scenarios, m, TRACES,
+                                                 args.changes))  # fmt: skip
             if isinstance(traced, str):
                 stages.append({"stage": "trace", "error": traced, "bytes": None})
             else:

@@ -37,6 +37,7 @@ def stream():
     (["--backend", "mono", "--tp", "8"], "mono cannot run tp 8"),
     (["--backend", "mono", "--tokens", "1,64"], "expected max_tokens <= 48"),
     (["--json", "/no/such/dir/out.json"], "--json"),
+    (["--variant", "no_such_field=1"], "--variant: expected a field of nvidia's Tuning"),
 ])  # fmt: skip
 def test_bad_arguments_are_named(stream, capsys, argv, says):
     with pytest.raises(SystemExit) as e:
@@ -116,8 +117,26 @@ def test_stages_and_bytes_of_an_nvidia_step(stream):
     assert stream.stage_bytes("combine", layer, sc, 123) == 123
     assert stream.stage_bytes("norm", layer, sc, 0) is None
     splits = tuning_for(dims, torch.device("cpu"), 1).attention.splits
-    assert stream.partials_bytes(dims, 1, torch.device("cpu")) == (
+    assert stream.partials_bytes(dims, 1, torch.device("cpu"), {}) == (
         0 if splits == 1 else dims.heads * splits * 514 * 4)
+    one = {"attention.splits": 1, "attention.keys_per_split": m.keys}
+    assert splits > 1 and stream.partials_bytes(dims, 1, torch.device("cpu"), one) == 0
+
+
+def test_stages_of_a_variant(stream):
+    """``--variant a_dequantized=1,stream=1`` at an MMA bucket: x's rounding is a stage of its
+    own and the streamed GEMMs keep their sites' names."""
+    args = stream.parse_args(["--variant", "a_dequantized=1,stream=1", "--tokens", "5"])
+    assert args.changes == {"a_dequantized": True, "stream": True}
+    dims = Dims.of("tiny", 2)
+    layer = LayerWeights(dims, 0, 1)
+    layer.dummy_load(seed=1)
+    sc = make_scenario(dims, 1, 5, seed=2)
+    with stream.StepLaunches(step_function("nvidia", args.changes)) as launches:
+        launches(layer, sc)
+        stages = launches.stages
+    assert stages == ["x_round", "wqkv", "norm", "wq_b", "attention", "wo_a", "wo_b"]
+    assert stream.stage_bytes("x_round", layer, sc, 0) is None
 
 
 def test_mono_stages_from_made_up_traces(stream):
