@@ -207,6 +207,28 @@ def test_combine_heads_a_program(heads):
         dataclasses.replace(attention_tuning(1, 16, 640, 132), combine_heads=3)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_key_blocks_of_32_keys(fmt):
+    """``AttentionTuning.key_block``: dots of 32 keys give the reference, in two splits (and the
+    combine) and in one; a split of no whole block and another block size are refused."""
+    key_block = 32
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, fmt)
+    want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
+    keys = sc.key_table.shape[1]
+    per = -(-keys // (2 * key_block)) * key_block  # two splits of whole blocks
+    _assert_matches(_run(layer, sc, q_fused, splits=2, key_block=key_block, keys_per_split=per),
+                    want)  # fmt: skip
+    whole = -(-keys // key_block) * key_block
+    _assert_matches(_run(layer, sc, q_fused, splits=1, key_block=key_block,
+                         keys_per_split=whole), want)  # fmt: skip
+    with pytest.raises(ValueError, match=f"AttentionTuning.splits: expected splits >= 1 of "
+                                         f"whole {key_block}-key blocks"):  # fmt: skip
+        dataclasses.replace(attention_tuning(1, 16, 640, 132), key_block=key_block,
+                            keys_per_split=key_block + 16)  # fmt: skip
+    with pytest.raises(ValueError, match=r"AttentionTuning.key_block: expected one of \(16, 32\)"):
+        dataclasses.replace(attention_tuning(1, 16, 640, 132), key_block=64)
+
+
 @pytest.mark.parametrize("wide,splits", [(False, 3), pytest.param(True, 3, marks=pytest.mark.slow),
                                          pytest.param(True, 4, marks=pytest.mark.slow)])
 def test_combine_split_by_split_or_all_at_once(wide, splits):

@@ -71,6 +71,10 @@ from dsv41.nvidia.ops.sm_share import launch_alone
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
+# AttentionTuning.key_block may take 32 instead (an A/B choice, untimed): SM90, tp 4, 4 warps,
+# M = 48: 243 registers, no spill, 2,280 SASS instructions against 1,816 for 16 keys (0.63x a
+# key; kernel_facts.py); 64 keys spill there (255 registers, 8 B).
+KEY_BLOCKS = (16, 32)
 COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, whole RoPE pairs
 COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile and chunk, so
 # the partials of M = 1 (40 splits x 16 heads x 512 dims) are read by 64 programs, not 16 (16,
@@ -579,18 +583,20 @@ class AttentionTuning:
     """An attention launch's choices (``attention_tuning`` resolves them for a step)."""
 
     splits: int  # key-table splits a (token, head tile)
-    keys_per_split: int  # whole blocks of KEY_BLOCK keys
+    keys_per_split: int  # whole blocks of key_block keys
     qk_split: int  # segments of the score dot: 1, 2, 4 or 8
     alone: bool  # programs hold their SMs alone (GPU only)
     combine_heads: int = COMBINE_HEADS  # heads a combine program finishes: 1, 2, 4, 8 or 16
     combine_wide: bool = False  # the combine reads every split's partials in one load each
+    key_block: int = KEY_BLOCK  # keys a dot covers: 16 or 32
 
     def __post_init__(self):
         checks = {
             "qk_split": (self.qk_split in (1, 2, 4, 8), "1, 2, 4 or 8"),
             "combine_heads": (self.combine_heads in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"),
-            "splits": (self.splits >= 1 and self.keys_per_split % KEY_BLOCK == 0,
-                       f"splits >= 1 of whole {KEY_BLOCK}-key blocks"),
+            "key_block": (self.key_block in KEY_BLOCKS, f"one of {KEY_BLOCKS}"),
+            "splits": (self.splits >= 1 and self.keys_per_split % self.key_block == 0,
+                       f"splits >= 1 of whole {self.key_block}-key blocks"),
         }  # fmt: skip
         for name, (ok, expected) in checks.items():
             if not ok:
@@ -744,7 +750,7 @@ def mega_attention(
     comp = compressed_cache if compressed_cache is not None else window_cache
     xo_bytes = xo.view(torch.uint8)
     pdl = pdl_enabled(tokens) if pdl is None else pdl and current_platform().pdl
-    early = records_ready and keys_per_split == KEY_BLOCK
+    early = records_ready and keys_per_split == tuning.key_block
     aligned = rows_aligned(window_cache, comp)
     trace = trace_buffer
     ch = tuning.combine_heads
@@ -765,10 +771,11 @@ def mega_attention(
         window_cache.num_slots, 0 if compressed_cache is None else compressed_cache.num_slots,
         cos.shape[0], softmax_scale * LOG2_E,
         H=heads, G=heads_per_group, KEYS=keys, FMT=fmt_id(window_cache.fmt),
-        WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=KEY_BLOCK,
+        WIN_BLOCK=window_cache.block, COMP_BLOCK=comp.block, HT=HEAD_TILE, BK=tuning.key_block,
         KEYS_PER_SPLIT=keys_per_split, SPLITS=splits, DOT_BF16=not interpreting(),
         EARLY=early, num_warps=ATTN_WARPS, USE_PDL=pdl, ALIGNED=aligned,
-        PREFETCH=aligned and not early and keys_per_split > KEY_BLOCK and prefetch_records(),
+        PREFETCH=aligned and not early and keys_per_split > tuning.key_block
+        and prefetch_records(),
         SPLIT_PAD=triton.next_power_of_2(keys_per_split),
         QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
