@@ -19,12 +19,15 @@ ROOT = HERE.parents[1]
 
 
 def sm90_ptx(fn, consts: dict, kinds: dict, divisible=None, **options) -> str:
-    """PTX of the jit function ``fn`` for SM90 with ``consts`` as its constexprs. Every other
-    argument is of type ``kinds[name]``, else ``*u8`` (a name ending in ``_ptr``) or ``i32``;
-    those ``divisible(name, type)`` picks (by default the pointers) are 16-B divisible."""
+    """PTX of the jit function ``fn`` for SM90 with ``consts`` as its constexprs (the others
+    their defaults). Every other argument is of type ``kinds[name]``, else ``*u8`` (a name
+    ending in ``_ptr``) or ``i32``; those ``divisible(name, type)`` picks (by default the
+    pointers) are 16-B divisible."""
     from dsv41.nvidia.sm90_compile import compile_sm90
 
     divisible = divisible or (lambda name, kind: kind[0] == "*")
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    consts = {**defaults, **consts}  # a constexpr left out takes its default, as a launch would
     sig = {n: "constexpr" if n in consts else kinds.get(n, "*u8" if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}  # fmt: skip
     attrs = {n: [["tt.divisibility", 16]] for n in fn.arg_names if divisible(n, sig[n])}
