@@ -227,22 +227,15 @@ def test_combine_folded_into_attention(splits, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_key_blocks_of_32_keys(fmt):
-    """``AttentionTuning.key_block``: dots of 32 keys give the reference, in two splits (and the
-    combine) and in one; a split of no whole block and another block size are refused."""
-    key_block = 32
+    """``AttentionTuning.key_block``: dots of 32 keys give the reference in two splits of 48
+    keys (each split's last block stops at its end: the next split's keys are not taken
+    twice), in splits of whole blocks and in one; another block size is refused."""
     layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, fmt)
     want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
     keys = sc.key_table.shape[1]
-    per = -(-keys // (2 * key_block)) * key_block  # two splits of whole blocks
-    _assert_matches(_run(layer, sc, q_fused, splits=2, key_block=key_block, keys_per_split=per),
-                    want)  # fmt: skip
-    whole = -(-keys // key_block) * key_block
-    _assert_matches(_run(layer, sc, q_fused, splits=1, key_block=key_block,
-                         keys_per_split=whole), want)  # fmt: skip
-    with pytest.raises(ValueError, match=f"AttentionTuning.splits: expected splits >= 1 of "
-                                         f"whole {key_block}-key blocks"):  # fmt: skip
-        dataclasses.replace(attention_tuning(1, 16, 640, 132), key_block=key_block,
-                            keys_per_split=key_block + 16)  # fmt: skip
+    for splits, per in ((-(-keys // 48), 48), (2, -(-keys // 64) * 32), (1, -(-keys // 32) * 32)):
+        _assert_matches(_run(layer, sc, q_fused, splits=splits, key_block=32,
+                             keys_per_split=per), want)  # fmt: skip
     with pytest.raises(ValueError, match=r"AttentionTuning.key_block: expected one of \(16, 32\)"):
         dataclasses.replace(attention_tuning(1, 16, 640, 132), key_block=64)
 

@@ -73,7 +73,8 @@ HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
 # AttentionTuning.key_block may take 32 instead (an A/B choice, untimed): SM90, tp 4, 4 warps,
 # M = 48: 243 registers, no spill, 2,280 SASS instructions against 1,816 for 16 keys (0.63x a
-# key; kernel_facts.py); 64 keys spill there (255 registers, 8 B).
+# key; kernel_facts.py); 64 keys spill there (255 registers, 8 B). A split of no whole 32-key
+# blocks stops its last block at its end, so the default splits serve it at every M.
 KEY_BLOCKS = (16, 32)
 COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, whole RoPE pairs
 COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile and chunk, so
@@ -228,12 +229,13 @@ def _epilogue_tl(
 
 @triton.jit
 def _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots, compressed_slots,
-                  KEYS: tl.constexpr, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
+                  END, FMT: tl.constexpr, WIN_BLOCK: tl.constexpr,
                   COMP_BLOCK: tl.constexpr, BK: tl.constexpr,
                   ALIGNED: tl.constexpr):  # fmt: skip
-    """Keys ``k0 .. k0 + BK`` of a key-table row: fp32 ``[BK, 512]`` and which are valid."""
+    """Keys ``k0 .. k0 + BK`` (those before ``END``) of a key-table row: fp32 ``[BK, 512]`` and
+    which are valid."""
     kk = k0 + tl.arange(0, BK)
-    data_ptrs, code_ptrs, valid = record_ptrs_tl(table_row, kk, kk < KEYS, win_ptr, comp_ptr,
+    data_ptrs, code_ptrs, valid = record_ptrs_tl(table_row, kk, kk < END, win_ptr, comp_ptr,
                                                  window_slots, compressed_slots, FMT, WIN_BLOCK,
                                                  COMP_BLOCK, ALIGNED)  # fmt: skip
     return load_records_tl(data_ptrs, code_ptrs, valid, FMT, BK, ALIGNED), valid
@@ -377,9 +379,12 @@ def mega_attention_kernel(
                                      DOT_BF16, True)  # fmt: skip
     else:
         table_row = table_ptr + token.to(tl.int64) * KEYS
+        end = KEYS  # a split of no whole blocks of BK keys stops its last block at its end
+        if KEYS_PER_SPLIT % BK != 0:
+            end = tl.minimum((split + 1) * KEYS_PER_SPLIT, KEYS)
         for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
             k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
-                                     compressed_slots, KEYS, FMT, WIN_BLOCK, COMP_BLOCK, BK,
+                                     compressed_slots, end, FMT, WIN_BLOCK, COMP_BLOCK, BK,
                                      ALIGNED)  # fmt: skip
             m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT,
                                          DOT_BF16, False)  # fmt: skip
@@ -624,7 +629,7 @@ class AttentionTuning:
     """An attention launch's choices (``attention_tuning`` resolves them for a step)."""
 
     splits: int  # key-table splits a (token, head tile)
-    keys_per_split: int  # whole blocks of key_block keys
+    keys_per_split: int  # whole blocks of KEY_BLOCK keys (a last key_block may stop short)
     qk_split: int  # segments of the score dot: 1, 2, 4 or 8
     alone: bool  # programs hold their SMs alone (GPU only)
     combine_heads: int = COMBINE_HEADS  # heads a combine program finishes: 1, 2, 4, 8 or 16
@@ -637,8 +642,8 @@ class AttentionTuning:
             "qk_split": (self.qk_split in (1, 2, 4, 8), "1, 2, 4 or 8"),
             "combine_heads": (self.combine_heads in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"),
             "key_block": (self.key_block in KEY_BLOCKS, f"one of {KEY_BLOCKS}"),
-            "splits": (self.splits >= 1 and self.keys_per_split % self.key_block == 0,
-                       f"splits >= 1 of whole {self.key_block}-key blocks"),
+            "splits": (self.splits >= 1 and self.keys_per_split % KEY_BLOCK == 0,
+                       f"splits >= 1 of whole {KEY_BLOCK}-key blocks"),
         }  # fmt: skip
         for name, (ok, expected) in checks.items():
             if not ok:
