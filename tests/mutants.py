@@ -99,6 +99,13 @@ MUTATIONS = (
         "the MMA loop on dequantized activations reads every group's columns from group 0",
     ),
     Mutation(
+        "mono_a_deq_wrong_columns", "dsv41/amd/mono/kernel.py",
+        "ad_ptr + tok[:, None] * a_stride + k0 + k[None, :],",
+        "ad_ptr + tok[:, None] * a_stride + k[None, :],",
+        ("tests/amd/test_mono_kernel.py", "-k", "dequantized_activations"),
+        "the tensor-core GEMV on dequantized activations reads block 0's columns at every K step",
+    ),
+    Mutation(
         "nvidia_stream_slot_dropped", "dsv41/nvidia/ops/mx_gemm.py",
         "for q in range(first, last + 1):",
         "for q in range(first, last):",

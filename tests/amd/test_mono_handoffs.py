@@ -28,7 +28,7 @@ from dsv41.amd.mono.plan import (
     WQKV_TASK_ROWS,
     Plan,
 )
-from dsv41.amd.mono.tuning import k_block
+from dsv41.amd.mono.tuning import k_block, resolve
 from dsv41.common.fused_layout import O_CHUNK, Q_CHUNK
 from dsv41.common.geometry import HEAD_TILE, Dims
 from dsv41.common.mx import MX_BLOCK
@@ -53,6 +53,7 @@ class Model:
         """``split_x_ready``: the first kernel's hand-off, Wqkv waiting only on its K half."""
         self.p, self.d, self.m = plan, plan.dims, plan.dims.model
         self.split_x_ready = split_x_ready
+        self.deq = plan.tuning.a_dequantized  # the tensor-core GEMVs read the bf16 regions
         self._lines: dict[tuple, frozenset] = {}
         self.tasks: list[Task] = []
         for st in plan.stages:
@@ -94,6 +95,14 @@ class Model:
     def _tile_heads(self, tile: int) -> range:
         return range(tile * HEAD_TILE, min((tile + 1) * HEAD_TILE, self.d.heads))
 
+    def _act(self, mx: str, col: int, count: int) -> list[frozenset]:
+        """The lines a GEMV reads of activation ``mx``'s columns ``col ..`` (every token): its
+        bf16 region ``mx + "d"`` with a_dequantized, else its values and codes."""
+        if self.deq:
+            return [self._rows(mx + "d", (), col, count)]
+        return [self._rows(mx, (), col, count),
+                self._rows(mx + "s", (), col // MX_BLOCK, count // MX_BLOCK)]
+
     def arrivals(self) -> dict[tuple[str, int], int]:
         """The count each mailbox's last arrival brings (the kernel's ``_arrive`` calls)."""
         p, d, m = self.p, self.d, self.m
@@ -122,13 +131,14 @@ class Model:
         col = (half * self.p.xq_blocks + block) * bk
         task.writes = [self._rows("x8", (), col, bk),
                        self._rows("x8s", (), col // MX_BLOCK, bk // MX_BLOCK)]
+        if self.deq:
+            task.writes.append(self._rows("x8d", (), col, bk))
         task.arrive = ("xrdy", half if self.split_x_ready else 0)
 
     def _wqkv(self, task: Task, half: int, tile: int) -> None:
         k = self.m.hidden // K_HALVES
         task.waits = [("xrdy", half if self.split_x_ready else 0)]
-        task.reads = [self._rows("x8", (), half * k, k),
-                      self._rows("x8s", (), half * k // MX_BLOCK, k // MX_BLOCK)]
+        task.reads = self._act("x8", half * k, k)
         task.writes = [self._rows("qkvp", (half,), tile * WQKV_TASK_ROWS, WQKV_TASK_ROWS)]
         task.arrive = ("xrdy", K_HALVES if self.split_x_ready else 1)
 
@@ -139,13 +149,14 @@ class Model:
         task.writes = [self._span("qx8", (s, 0), m.q_rank),
                        self._span("qx8s", (s, 0), m.q_rank // MX_BLOCK),
                        frozenset({("records", s)})]  # its window record: any key may name it
+        if self.deq:
+            task.writes.append(self._span("qx8d", (s, 0), m.q_rank))
         task.arrive = ("qrdy", 0)
 
     def _wqb(self, task: Task, chunk: int, head: int) -> None:
         m, i = self.m, chunk * self.d.heads + head
         task.waits = [("qrdy", 0)]
-        task.reads = [self._rows("qx8", (), 0, m.q_rank),
-                      self._rows("qx8s", (), 0, m.q_rank // MX_BLOCK)]
+        task.reads = self._act("qx8", 0, m.q_rank)
         task.writes = [self._rows("q", (), i * WQB_TASK_ROWS, WQB_TASK_ROWS)]
         task.arrive = ("qrdy", 1 + head // HEAD_TILE)
 
@@ -176,6 +187,8 @@ class Model:
             col = (h // g) * d.group_k + (c0 * g + h % g) * O_CHUNK
             task.writes.append(self._span("xo", (s, col), O_CHUNK, c1 - c0, g * O_CHUNK))
             task.writes.append(self._span("xos", (s, col // MX_BLOCK), 1, c1 - c0, g))
+            if self.deq:
+                task.writes.append(self._span("xod", (s, col), O_CHUNK, c1 - c0, g * O_CHUNK))
         task.arrive = ("crdy", tile)
 
     def _woa(self, task: Task, block: int, part: int) -> None:
@@ -185,8 +198,7 @@ class Model:
         kp = d.group_k // parts
         col = group * d.group_k + part * kp
         task.waits = [("crdy", group * m.heads_per_group // HEAD_TILE)]
-        task.reads = [self._rows("xo", (), col, kp),
-                      self._rows("xos", (), col // MX_BLOCK, kp // MX_BLOCK)]
+        task.reads = self._act("xo", col, kp)
         if parts > 1:
             task.writes = [self._rows("woap", (part,), row0, WOA_TASK_ROWS)]
             task.arrive = ("wrdy", block)
@@ -206,14 +218,15 @@ class Model:
         task.writes += [self._rows("z", (), row0, WOA_TASK_ROWS),
                         self._rows("x8b", (), row0, WOA_TASK_ROWS),
                         self._rows("x8bs", (), block, 1)]
+        if self.deq:
+            task.writes.append(self._rows("x8bd", (), row0, WOA_TASK_ROWS))
         task.arrive = ("ardy", 0)
 
     def _wob(self, task: Task, i: int) -> None:
         d = self.d
         assert (i + 1) * WOB_TASK_ROWS <= d.model.hidden
         task.waits = [("ardy", 0)]
-        task.reads = [self._rows("x8b", (), 0, d.o_rows),
-                      self._rows("x8bs", (), 0, d.o_rows // MX_BLOCK)]
+        task.reads = self._act("x8b", 0, d.o_rows)
 
     # -- the check ------------------------------------------------------------------
 
@@ -271,8 +284,9 @@ class Model:
 FLASH_TOKENS = (1, 2, 3, 4, 7, 10, 15, 16, 17, 20, 32, 33, 48)
 
 
-def _assert_ordered(dims: Dims, tokens: int, capacity: int) -> None:
-    bad = Model(Plan(dims, tokens, capacity=capacity)).unordered_reads()
+def _assert_ordered(dims: Dims, tokens: int, capacity: int, **tuning) -> None:
+    plan = Plan(dims, tokens, capacity=capacity, tuning=resolve(dims, tokens, **tuning))
+    bad = Model(plan).unordered_reads()
     assert not bad, [
         f"S={tokens} cap={capacity}: {r.stage}{r.coords} reads line {line} that "
         f"{w.stage}{w.coords} writes, unordered"
@@ -291,6 +305,16 @@ def test_every_read_line_is_ordered_after_its_producers_tiny(tp: int) -> None:
 def test_every_read_line_is_ordered_after_its_producers_flash(tp: int, tokens: int) -> None:
     for capacity in sorted({tokens, MAX_TOKENS}):
         _assert_ordered(Dims.of("dsv41-flash", tp), tokens, capacity)
+
+
+@pytest.mark.parametrize("model, tp, tokens",
+                         [*(("tiny", tp, s) for tp in (2, 4) for s in (5, 16, 17, 48)),
+                          *(("dsv41-flash", tp, s) for tp in (2, 4) for s in (5, 17, 48))])
+def test_dequantized_regions_are_ordered_after_their_producers(model: str, tp: int,
+                                                                tokens: int) -> None:
+    """Tuning.a_dequantized: each bf16 region is written by its MXFP8 form's producer before
+    the same arrival and read by the tensor-core GEMV after the same wait."""
+    _assert_ordered(Dims.of(model, tp), tokens, MAX_TOKENS, a_dequantized=True)
 
 
 def test_half_x_ready_hand_off_is_caught() -> None:

@@ -9,8 +9,9 @@ import torch
 from dsv41.amd.mono.checks import parity, region_agreement
 from dsv41.amd.mono.executor import ScheduleExecutor
 from dsv41.amd.mono.launcher import MonoRunner
-from dsv41.amd.mono.plan import CTL_EPOCH
+from dsv41.amd.mono.plan import CTL_EPOCH, DEQUANTIZED
 from dsv41.amd.mono.tuning import resolve
+from dsv41.common.mx import mxfp8_dequantize
 from dsv41.common.platform import Platform
 from dsv41.common.rope import rope_tables
 from dsv41.common.scenario import make_scenario
@@ -196,6 +197,39 @@ def test_five_blocks_ahead_equal_three(tokens: int, tiny_layer, run_mono) -> Non
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
     assert torch.equal(sc5.window_cache.data, sc3.window_cache.data)
     assert torch.equal(seams5["y"], seams3["y"])
+
+
+@pytest.mark.parametrize("tp, layer_id, tokens, gemv_block",
+                         [(4, 1, 5, None), pytest.param(2, 2, 8, 32, marks=pytest.mark.slow)])
+def test_dequantized_activations_change_no_bit(
+    tp: int, layer_id: int, tokens: int, gemv_block: int | None, tiny_layer, run_mono
+) -> None:
+    """Tensor-core GEMV blocks reading the bf16 activations their producers dequantized
+    (Tuning.a_dequantized) give y, every scratch region of the default and the window cache bit
+    for bit: the bf16 of an MXFP8 value is exact, so the dot's operand is the one the default
+    dequantizes. Each new region is torch's dequantization of the MXFP8 region it stands for.
+    The default blocks give wo_a two K blocks a part (the rest one); GEMV blocks of 32 columns
+    give every GEMV several."""
+    lw = tiny_layer(tp, layer_id)
+    sc = make_scenario(lw.dims, layer_id, tokens, seed=tokens)
+    block = {} if gemv_block is None else {"gemv_block": gemv_block}
+    runs = {}
+    for deq in (False, True):
+        runner = MonoRunner(lw, tokens, epoch=5,
+                            tuning=resolve(lw.dims, tokens, a_dequantized=deq, **block))
+        assert not runner.plan.tiling["GEMV_CORES"] and runner.plan.tiling["A_DEQ"] == deq
+        kernel_sc = sc.clone_caches()
+        runs[deq] = runner, run_mono(runner, kernel_sc), kernel_sc
+    (off, seams_off, sc_off), (on, seams_on, sc_on) = runs[False], runs[True]
+    assert list(on.plan.regions) == [*off.plan.regions, *DEQUANTIZED]
+    for name, region in off.plan.regions.items():
+        got, want = region.view(on.scratch, tokens), region.view(off.scratch, tokens)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
+    assert torch.equal(sc_on.window_cache.data, sc_off.window_cache.data)
+    assert torch.equal(seams_on["y"], seams_off["y"])
+    v = on.views
+    for name, mx in zip(DEQUANTIZED, ("x8", "qx8", "xo", "x8b"), strict=True):
+        assert torch.equal(v[name], mxfp8_dequantize(v[mx], v[mx + "s"]).bfloat16()), name
 
 
 @pytest.mark.parametrize("tokens, cores, words", [(1, True, False), (1, True, True),

@@ -18,6 +18,7 @@ from dsv41.amd.mono.plan import (
     BACK,
     COMBINE_PARTS,
     CTL_EPOCH,
+    DEQUANTIZED,
     FRONT,
     MAX_TOKENS,
     REGION_ALIGN,
@@ -26,6 +27,7 @@ from dsv41.amd.mono.plan import (
     Plan,
 )
 from dsv41.amd.mono.tuning import (
+    A_DEQUANTIZED,
     CORES_TOKENS,
     FEW_TOKENS,
     GEMV_AHEAD,
@@ -42,6 +44,7 @@ from dsv41.amd.mono.tuning import (
 from dsv41.common.platform import Platform, current_platform, targeting
 from dsv41.common.fused_layout import permute_q_from_fused, permute_q_to_fused
 from dsv41.common.geometry import Dims
+from dsv41.common.mx import mxfp8_dequantize
 from dsv41.common.reference import reference_step
 from dsv41.common.rope import rope_tables
 from dsv41.common.scenario import make_scenario
@@ -193,6 +196,26 @@ def test_executor_matches_reference(tp: int, layer_id: int, tokens: int, tiny_la
     assert int(plan.regions["ctl"].view(scratch)[CTL_EPOCH]) == 8
 
 
+def test_executor_writes_dequantized_regions(tiny_layer) -> None:
+    """With Tuning.a_dequantized the executor writes the default regions as before, and each
+    DEQUANTIZED region as the MXFP8 region it stands for dequantized."""
+    lw, tokens = tiny_layer(4, 1), 5
+    sc = make_scenario(lw.dims, 1, tokens, seed=5)
+    runs = {}
+    for deq in (False, True):
+        plan = Plan(lw.dims, tokens, tuning=resolve(lw.dims, tokens, a_dequantized=deq))
+        scratch = plan.new_scratch(epoch=3)
+        runs[deq] = plan, scratch, _run_executor(plan, lw, sc.clone_caches(), scratch)["y"]
+    (off, off_scratch, off_y), (on, on_scratch, on_y) = runs[False], runs[True]
+    for name, region in off.regions.items():
+        got, want = region.view(on_scratch, tokens), region.view(off_scratch, tokens)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
+    assert torch.equal(on_y, off_y)
+    v = on.views(on_scratch)
+    for name, mx in zip(DEQUANTIZED, ("x8", "qx8", "xo", "x8b"), strict=True):
+        assert torch.equal(v[name], mxfp8_dequantize(v[mx], v[mx + "s"]).bfloat16()), name
+
+
 def test_executor_catches_a_wait_that_points_forward(monkeypatch, tiny_layer) -> None:
     lw = tiny_layer(4, 0)
     sc = make_scenario(lw.dims, 0, 2, seed=1)
@@ -270,6 +293,29 @@ def test_cuda_cores_words_and_pairs_follow_the_token_count() -> None:
                 {"gemv_pairs": True, "gemv_words": False}):  # fmt: skip
         with pytest.raises(ValueError, match="mono Tuning.gemv_(words|pairs): expected False"):
             resolve(dims, 1, **bad)
+
+
+def test_dequantized_activations_are_checked_and_laid_out() -> None:
+    """Tuning.a_dequantized: off by default (an A/B choice), refused with CUDA cores, dropped
+    when a tuning turns CUDA cores on; on, the plan passes A_DEQ and lays out the four bf16
+    regions after the default ones, which keep their places (a default scratch is unchanged)."""
+    dims = Dims.of("dsv41-flash", 4)
+    assert not A_DEQUANTIZED and not any(resolve(dims, s).a_dequantized for s in (1, 5, 48))
+    for tokens, cores in ((1, {}), (8, {"gemv_cores": True})):
+        with pytest.raises(ValueError, match="mono Tuning.a_dequantized: expected False with "
+                                             "gemv_cores .*got True"):  # fmt: skip
+            resolve(dims, tokens, a_dequantized=True, **cores)
+    assert resolve(dims, 8, gemv_cores=False, a_dequantized=True).a_dequantized
+    for tokens in (5, 48):
+        off = Plan(dims, tokens)
+        on = Plan(dims, tokens, tuning=resolve(dims, tokens, a_dequantized=True))
+        assert off.tiling["A_DEQ"] is False and on.tiling == off.tiling | {"A_DEQ": True}
+        assert list(on.regions) == [*off.regions, *DEQUANTIZED]
+        assert all(on.regions[name] == region for name, region in off.regions.items())
+        for name, mx in zip(DEQUANTIZED, ("x8", "qx8", "xo", "x8b"), strict=True):
+            assert on.regions[name].shape == off.regions[mx].shape
+            assert on.regions[name].dtype == torch.bfloat16
+        assert on.scratch_bytes >= on.regions[DEQUANTIZED[-1]].end > off.scratch_bytes
 
 
 def test_mma_split_by_tokens_and_k_blocks() -> None:

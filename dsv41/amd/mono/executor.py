@@ -2,14 +2,15 @@
 
 ``ScheduleExecutor.run`` walks the tickets of a ``Plan`` in order and does,
 task by task, what the kernel's task does, writing the same scratch regions
-(same layouts, same rounding points), the same mailboxes and the same control
-words. Any stage of the kernel can therefore be diffed against it region by
-region. Each wait checks that the mailbox it points to already carries the
-step's tag, so running the executor also proves the schedule's order: a wait
-that pointed forward would raise here rather than hang a GPU. Where the kernel
-splits a task's work further (K blocks of a GEMV, 32-key slices of an
-attention chunk under an online softmax) the executor does the task's math in
-one go, so fp32 sums may differ in their last bits, nothing more.
+(same layouts, same rounding points; with ``Tuning.a_dequantized`` the bf16
+``DEQUANTIZED`` regions too), the same mailboxes and the same control words.
+Any stage of the kernel can therefore be diffed against it region by region.
+Each wait checks that the mailbox it points to already carries the step's tag,
+so running the executor also proves the schedule's order: a wait that pointed
+forward would raise here rather than hang a GPU. Where the kernel splits a
+task's work further (K blocks of a GEMV, 32-key slices of an attention chunk
+under an online softmax) the executor does the task's math in one go, so fp32
+sums may differ in their last bits, nothing more.
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ class ScheduleExecutor:
 
     # -- helpers -----------------------------------------------------------------
 
+    def _dequantized(self, name: str, index, values: torch.Tensor, codes: torch.Tensor) -> None:
+        """``region[index] = bf16(dequant(values, codes))`` where the plan has region ``name``
+        (``Tuning.a_dequantized``)."""
+        if name in self.r:
+            self.r[name][index] = mxfp8_dequantize(values, codes).to(torch.bfloat16)
+
     def _gemv(self, act: str, cols: slice, w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
         """``dequant(act[:, cols]) @ dequant(w)^T`` in fp32 (``w`` the task's rows and K range)."""
         sc = slice(cols.start // MX_BLOCK, cols.stop // MX_BLOCK)
@@ -112,6 +119,7 @@ class ScheduleExecutor:
         values, codes = mxfp8_quantize(self.x[:, cols])
         self.r["x8"][:, cols] = values
         self.r["x8s"][:, cols.start // MX_BLOCK : cols.stop // MX_BLOCK] = codes
+        self._dequantized("x8d", (slice(None), cols), values, codes)
         self._arrive("xrdy", 0, K_HALVES * blocks)
 
     def _wqkv(self, half: int, tile: int) -> None:
@@ -136,6 +144,7 @@ class ScheduleExecutor:
             self.window_cache.insert(slot, kv[None].to(torch.bfloat16))
         values, codes = mxfp8_quantize(qr)
         self.r["qx8"][s], self.r["qx8s"][s] = values, codes
+        self._dequantized("qx8d", s, values, codes)
         self._arrive("qrdy", 0, self.plan.tokens)
 
     def _wqb(self, chunk: int, head: int) -> None:
@@ -197,6 +206,7 @@ class ScheduleExecutor:
         # in the fused O layout are one run of every group: columns (c * 8 + h) * 32 + j.
         g, groups = m.heads_per_group, len(heads) // m.heads_per_group
         fused = permute_o_to_fused(values, g).view(groups, -1)
+        deq = permute_o_to_fused(mxfp8_dequantize(values, codes), g).view(groups, -1)
         fused_codes = codes.view(groups, g, -1).transpose(1, 2).reshape(groups, -1)
         c0 = part * (m.head_dim // COMBINE_PARTS) // O_CHUNK
         c1 = (part + 1) * (m.head_dim // COMBINE_PARTS) // O_CHUNK
@@ -204,6 +214,8 @@ class ScheduleExecutor:
             col0 = heads.start * m.head_dim + k * p.dims.group_k
             cols = slice(col0 + c0 * g * O_CHUNK, col0 + c1 * g * O_CHUNK)
             self.r["xo"][s, cols] = fused[k, c0 * g * O_CHUNK : c1 * g * O_CHUNK]
+            if "xod" in self.r:
+                self.r["xod"][s, cols] = deq[k, c0 * g * O_CHUNK : c1 * g * O_CHUNK].bfloat16()
             code_cols = slice(col0 // O_CHUNK + c0 * g, col0 // O_CHUNK + c1 * g)
             self.r["xos"][s, code_cols] = fused_codes[k, c0 * g : c1 * g]
         self._arrive("crdy", tile, p.tokens * COMBINE_PARTS)
@@ -229,6 +241,7 @@ class ScheduleExecutor:
         z = acc.to(torch.bfloat16)
         values, codes = mxfp8_quantize(z)
         self.r["x8b"][:, rows], self.r["x8bs"][:, block] = values, codes[:, 0]
+        self._dequantized("x8bd", (slice(None), rows), values, codes)
         self.r["z"][:, rows] = z
         self._arrive("ardy", 0, self.plan.woa_blocks)
 

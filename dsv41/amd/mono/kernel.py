@@ -31,7 +31,9 @@ too), and its waits point to finished tasks. MXFP8 operands
 are dequantized exactly (e4m3 times a power of two fits bf16) and multiplied on
 bf16 tensor cores with fp32 accumulation (with ``EXACT``, the interpreter, whose
 bf16 ``tl.dot`` is broken, in fp32), or up to ``plan.CORES_TOKENS`` tokens on
-CUDA cores.
+CUDA cores. With ``A_DEQ`` (``Tuning.a_dequantized``, tensor cores) an activation is
+dequantized once, by the task that makes it, into a bf16 region beside its MXFP8 form
+(``plan.DEQUANTIZED``), and the tensor-core GEMV reads that instead of values and codes.
 """
 
 from __future__ import annotations
@@ -383,12 +385,12 @@ def _block_dots(wf, a, w_scale):
 
 @triton.jit
 def _gemv(
-    a_ptr, as_ptr, a_stride, S,
+    a_ptr, as_ptr, ad_ptr, a_stride, S,
     w_ptr, ws_ptr, w_stride, ws_stride,
     box_ptr, seen, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, SPLIT: tl.constexpr,
-    AHEAD: tl.constexpr,
+    AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``,
     unless its address is ``seen``: the mailbox this program's previous GEMV task waited on
@@ -398,16 +400,18 @@ def _gemv(
     before the wait; each later one as many blocks ahead of its multiply, so weights stream
     through the wait and the loop (they are read once: evict first). Returns ``(acc, ok)``.
 
-    A K block is multiplied on tensor cores (both operands dequantized, TB token
-    rows), or with ``CORES`` on CUDA cores (TB is then the next power of two >= S,
-    ``Tuning.gemv_cores``): each MX block's 32 products with a token row's
-    dequantized values summed in fp32, times the weight's scale, the blocks summed
-    in fp32. With one token its activation block is loaded one block ahead, and each
+    A K block is multiplied on tensor cores (both operands dequantized, TB token rows; with
+    ``A_DEQ`` the activation block is loaded as the bf16 its producer dequantized, ``ad`` in
+    ``a``'s layout, so only the weights are converted), or with ``CORES`` on CUDA cores (TB is
+    then the next power of two >= S, ``Tuning.gemv_cores``): each MX block's 32 products with
+    a token row's dequantized values summed in fp32, times the weight's scale, the blocks
+    summed in fp32. With one token its activation block is loaded one block ahead, and each
     MX block's sum is added to its own lane across the K blocks; the lanes are summed
     once, after the loop (no reduction across warps in the loop). With ``WORDS`` (CUDA cores)
     ``_gemv_words`` does it for every token on weights held as int32 words. On tensor cores
     with ``SPLIT`` > 1 each K block's product runs as ``_mma_split``.
     """
+    tl.static_assert(not (A_DEQ and CORES), "dequantized activations: tensor cores only")
     if WORDS:
         tl.static_assert(CORES, "weight words: tokens on CUDA cores")
         return _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, tl.arange(0, ROWS), w_stride,
@@ -453,14 +457,20 @@ def _gemv(
     if SPLIT > 1:
         acc3 = tl.zeros((SPLIT, TB, ROWS), tl.float32)
     for k0 in range(0, K, BK):
-        a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :],
-                    mask=live & (k0 + k < K)[None, :], other=0.0, cache_modifier=".cg")
-        a_s = tl.load(as_ptr + tok[:, None] * (a_stride // MX) + k0 // MX + kb[None, :],
-                      mask=live & (kb + k0 // MX < K // MX)[None, :], other=0, cache_modifier=".cg")
+        if A_DEQ:  # the dot's operand as read (bf16, exact)
+            a_deq = tl.load(ad_ptr + tok[:, None] * a_stride + k0 + k[None, :],
+                            mask=live & (k0 + k < K)[None, :], other=0.0, cache_modifier=".cg")
+        else:
+            a = tl.load(a_ptr + tok[:, None] * a_stride + k0 + k[None, :],
+                        mask=live & (k0 + k < K)[None, :], other=0.0, cache_modifier=".cg")
+            a_s = tl.load(as_ptr + tok[:, None] * (a_stride // MX) + k0 // MX + kb[None, :],
+                          mask=live & (kb + k0 // MX < K // MX)[None, :], other=0,
+                          cache_modifier=".cg")  # fmt: skip
         w_deq = mx_dequantize_tl(w0, ws0.to(tl.int32), ROWS, BK)
         w0, ws0 = w1, ws1
         w1, ws1 = _weight_block(w_ptr, ws_ptr, w_stride, ws_stride, k0 + 2 * BK, K, ROWS, BK)
-        a_deq = mx_dequantize_tl(a, a_s.to(tl.int32), TB, BK)
+        if not A_DEQ:
+            a_deq = mx_dequantize_tl(a, a_s.to(tl.int32), TB, BK)
         if SPLIT > 1:
             acc3 = _mma_split(a_deq, w_deq, acc3, SPLIT, EXACT)
         else:
@@ -474,8 +484,10 @@ def _gemv(
 
 
 @triton.jit
-def _xq(i, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr):
-    """``x8, x8s = mxfp8(x[:, BK i ..])``: one block of x's columns (K half ``i // blocks``)."""
+def _xq(i, x_ptr, x8_ptr, x8s_ptr, x8d_ptr, S, HIDDEN: tl.constexpr, TB: tl.constexpr,
+        BK: tl.constexpr, A_DEQ: tl.constexpr):  # fmt: skip
+    """``x8, x8s = mxfp8(x[:, BK i ..])``: one block of x's columns (K half ``i // blocks``);
+    with ``A_DEQ`` also ``x8d = bf16(dequant(x8, x8s))``."""
     tok = tl.arange(0, TB)
     live = (tok < S)[:, None]
     k = tl.arange(0, BK)
@@ -486,6 +498,9 @@ def _xq(i, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN: tl.constexpr, TB: tl.constexpr, BK
     tl.store(x8_ptr + tok[:, None] * HIDDEN + col + k[None, :], values, mask=live)
     tl.store(x8s_ptr + tok[:, None] * (HIDDEN // MX) + col // MX + kb[None, :],
              codes.to(tl.uint8), mask=live)
+    if A_DEQ:
+        tl.store(x8d_ptr + tok[:, None] * HIDDEN + col + k[None, :],
+                 mx_dequantize_tl(values, codes, TB, BK).to(tl.bfloat16), mask=live)
 
 
 @triton.jit
@@ -497,13 +512,13 @@ def _rmsnorm(v, mask, w_ptr, n: tl.constexpr, eps, N_P: tl.constexpr):
 
 @triton.jit
 def _norm(
-    s, qkvp_ptr, q_norm_ptr, kv_norm_ptr, qx8_ptr, qx8s_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
-    rope_rows, win_ptr, win_slots, cap, eps,
+    s, qkvp_ptr, q_norm_ptr, kv_norm_ptr, qx8_ptr, qx8s_ptr, qx8d_ptr, pos_ptr, slot_ptr, cos_ptr,
+    sin_ptr, rope_rows, win_ptr, win_slots, cap, eps,
     Q_RANK: tl.constexpr, Q_RANK_P: tl.constexpr, QKV_ROWS: tl.constexpr, NOPE: tl.constexpr,
-    WIN_BLOCK: tl.constexpr,
+    WIN_BLOCK: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """Token s: ``qkv = bf16(p0 + p1)``, both RMSNorms, KV RoPE + record insert,
-    ``qx8 = mxfp8(qr)``."""
+    ``qx8 = mxfp8(qr)`` (with ``A_DEQ`` also ``qx8d``, its values dequantized, bf16)."""
     c = tl.arange(0, Q_RANK_P)
     cm = c < Q_RANK
     row0 = qkvp_ptr + s * QKV_ROWS
@@ -516,6 +531,9 @@ def _norm(
     cb = tl.arange(0, Q_RANK_P // MX)
     tl.store(qx8s_ptr + s * (Q_RANK // MX) + cb[None, :], codes.to(tl.uint8),
              mask=(cb < Q_RANK // MX)[None, :])
+    if A_DEQ:
+        tl.store(qx8d_ptr + s * Q_RANK + c[None, :],
+                 mx_dequantize_tl(values, codes, 1, Q_RANK_P).to(tl.bfloat16), mask=cm[None, :])
 
     d = tl.arange(0, HEAD_DIM)
     kv = tl.load(row0 + Q_RANK + d, cache_modifier=".cg")
@@ -603,11 +621,11 @@ def _attn(
 @triton.jit
 def _combine(
     s, tile, part, part_ptr, pstat_ptr, sink_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr,
-    xos_ptr, HEADS: tl.constexpr, HEADS_P: tl.constexpr, CHUNKS: tl.constexpr,
-    CHUNKS_P: tl.constexpr, GROUP_K: tl.constexpr, NOPE: tl.constexpr,
+    xos_ptr, xod_ptr, HEADS: tl.constexpr, HEADS_P: tl.constexpr, CHUNKS: tl.constexpr,
+    CHUNKS_P: tl.constexpr, GROUP_K: tl.constexpr, NOPE: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """Dims ``part * DIMS ..`` of token s's 16 heads: merge the chunks, sink gate, inverse RoPE,
-    bf16, MXFP8 -> xo (fused O layout).
+    bf16, MXFP8 -> xo (fused O layout; with ``A_DEQ`` its values dequantized -> xod, bf16).
 
     Every chunk's (max, sum) comes in one load (``CHUNKS_P``: CHUNKS padded to a power of
     two); each chunk's partial is loaded one chunk ahead of its products.
@@ -655,6 +673,10 @@ def _combine(
     chunk_head = (d // MX * HEADS_PER_GROUP)[None, :] + hg[:, None]
     col = group0[:, None] + chunk_head * MX + d[None, :] % MX
     tl.store(xo_ptr + s * (HEADS * HEAD_DIM) + col, values, mask=hm[:, None])
+    if A_DEQ:
+        tl.store(xod_ptr + s * (HEADS * HEAD_DIM) + col,
+                 mx_dequantize_tl(values, codes, HEAD_TILE_, DIMS).to(tl.bfloat16),
+                 mask=hm[:, None])
     c = d0 // MX + tl.arange(0, DIMS // MX)
     code_col = (group0 // MX)[:, None] + c[None, :] * HEADS_PER_GROUP + hg[:, None]
     tl.store(xos_ptr + s * (HEADS * HEAD_DIM // MX) + code_col, codes.to(tl.uint8),
@@ -663,10 +685,10 @@ def _combine(
 
 @triton.jit
 def _wqkv_task(
-    t, i, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag, spin_limit,
-    ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
-    EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr,
+    t, i, x8_ptr, x8s_ptr, x8d_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag,
+    spin_limit, ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr,
+    BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
@@ -674,10 +696,10 @@ def _wqkv_task(
     row0 = (i % TILES) * WQKV_ROWS
     col0 = half * (HIDDEN // 2)
     acc, ok = _gemv(
-        x8_ptr + col0, x8s_ptr + col0 // MX, HIDDEN, S,
+        x8_ptr + col0, x8s_ptr + col0 // MX, x8d_ptr + col0, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD, A_DEQ,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
@@ -689,19 +711,19 @@ def _wqkv_task(
 
 @triton.jit
 def _wqb_task(
-    t, i, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
-    S, seen, tag, spin_limit, ctl_ptr,
+    t, i, qx8_ptr, qx8s_ptr, qx8d_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr,
+    rope_rows, S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
     BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
     acc, ok = _gemv(
-        qx8_ptr, qx8s_ptr, Q_RANK, S,
+        qx8_ptr, qx8s_ptr, qx8d_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD, A_DEQ,
     )
     _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE, HEADS,
              TB)  # fmt: skip
@@ -748,15 +770,16 @@ def _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, 
 
 @triton.jit
 def _woa_task(
-    t, i, xo_ptr, xos_ptr, crdy_ptr, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
-    w_ptr, ws_ptr, S, cap, seen, tag, spin_limit, ctl_ptr,
+    t, i, xo_ptr, xos_ptr, xod_ptr, crdy_ptr, woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, x8bd_ptr,
+    ardy_ptr, z_ptr, w_ptr, ws_ptr, S, cap, seen, tag, spin_limit, ctl_ptr,
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
     PARTS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """wo_a rows ``32 block ..`` of group ``32 block // o_rank``, K part ``part`` of PARTS;
-    the block's last part: ``z = bf16(sum of the parts)``, ``x8b = mxfp8(z)``."""
+    the block's last part: ``z = bf16(sum of the parts)``, ``x8b = mxfp8(z)`` (with ``A_DEQ``
+    also ``x8bd``, its values dequantized, bf16)."""
     block = i // PARTS
     part = i % PARTS
     KP: tl.constexpr = GROUP_K // PARTS
@@ -765,10 +788,10 @@ def _woa_task(
     col0 = group * GROUP_K + part * KP
     box = crdy_ptr + 2 * (group * HEADS_PER_GROUP // HEAD_TILE_)
     acc, ok = _gemv(
-        xo_ptr + col0, xos_ptr + col0 // MX, HEADS * HEAD_DIM, S,
+        xo_ptr + col0, xos_ptr + col0 // MX, xod_ptr + col0, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K + part * KP, ws_ptr + row0 * (GROUP_K // MX) + part * (KP // MX),
         GROUP_K, GROUP_K // MX, box, seen, tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD,
+        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD, A_DEQ,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
@@ -790,23 +813,26 @@ def _woa_task(
         tl.store(x8b_ptr + tok[:, None] * O_ROWS + row0 + r[None, :], values, mask=live)
         tl.store(x8bs_ptr + tok[:, None] * (O_ROWS // MX) + block + tl.arange(0, 1)[None, :],
                  codes.to(tl.uint8), mask=live)
+        if A_DEQ:
+            tl.store(x8bd_ptr + tok[:, None] * O_ROWS + row0 + r[None, :],
+                     mx_dequantize_tl(values, codes, TB, WOA_ROWS).to(tl.bfloat16), mask=live)
         _arrive(ardy_ptr, O_ROWS // WOA_ROWS, tag, final)
     return ok, box.to(tl.int64)
 
 
 @triton.jit
 def _wob_task(
-    t, i, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
-    HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
+    t, i, x8b_ptr, x8bs_ptr, x8bd_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit,
+    ctl_ptr, HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
     EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
     acc, ok = _gemv(
-        x8b_ptr, x8bs_ptr, O_ROWS, S,
+        x8b_ptr, x8bs_ptr, x8bd_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD, A_DEQ,
     )
     _wob_out(i, acc, y_ptr, S, HIDDEN, TB)
     return ok, ardy_ptr.to(tl.int64)
@@ -855,6 +881,8 @@ def mono_kernel(
     ctl_ptr, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr,
     part_ptr, pstat_ptr, srdy_ptr, xo_ptr, xos_ptr, crdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr,
     woap_ptr, wrdy_ptr,
+    # with A_DEQ: x8, qx8, xo and x8b's values dequantized, bf16 (plan.DEQUANTIZED)
+    x8d_ptr, qx8d_ptr, xod_ptr, x8bd_ptr,
     # step inputs and output
     x_ptr, pos_ptr, slot_ptr, key_ptr, win_ptr, comp_ptr, y_ptr,
     # int64 [tasks, 3] (start ns, end ns, program) of every task when TRACE
@@ -878,6 +906,7 @@ def mono_kernel(
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
     MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False, GEMV_AHEAD: tl.constexpr = 3,
+    A_DEQ: tl.constexpr = False,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error, a loop a
     stage.
@@ -890,6 +919,8 @@ def mono_kernel(
     ``GEMV_PAIRS`` (one token, with ``GEMV_WORDS``): a wq_b or wo_b task takes its program's
     next ticket before it starts; when that ticket is a task of the same stage both run as
     one (``_gemv_pair``), else the next ticket is held for the next turn of the loop.
+    ``A_DEQ`` (tensor cores): each MXFP8 activation's producer also stores its values
+    dequantized (bf16) and the tensor-core GEMV reads those (``Tuning.a_dequantized``).
     """
     HEADS_P: tl.constexpr = HEAD_TILES * HEAD_TILE_
     XQ_TASKS: tl.constexpr = HIDDEN // BK_X
@@ -917,19 +948,19 @@ def mono_kernel(
                         held = t * 0 - 1
                     pair = paired >= 0
             if STAGE == 0:  # xq is the first stage: its task index is the ticket
-                _xq(t, x_ptr, x8_ptr, x8s_ptr, S, HIDDEN, TB, BK_X)
+                _xq(t, x_ptr, x8_ptr, x8s_ptr, x8d_ptr, S, HIDDEN, TB, BK_X, A_DEQ)
                 _arrive(xrdy_ptr, XQ_TASKS, tag, ok)
             elif STAGE == 1:
-                ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, xrdy_ptr, qkvp_ptr, wqkv_ptr,
-                                      wqkv_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HIDDEN,
-                                      QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
-                                      MMA_SPLIT, GEMV_AHEAD)
+                ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, x8d_ptr, xrdy_ptr, qkvp_ptr,
+                                      wqkv_ptr, wqkv_s_ptr, S, cap, seen, tag, spin_limit,
+                                      ctl_ptr, HIDDEN, QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES,
+                                      GEMV_WORDS, CVT_PTX, MMA_SPLIT, GEMV_AHEAD, A_DEQ)
             elif STAGE == 2:
                 ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
                 if ok:
                     _norm(t - end_wqkv, qkvp_ptr, q_norm_ptr, kv_norm_ptr, qx8_ptr, qx8s_ptr,
-                          pos_ptr, slot_ptr, cos_ptr, sin_ptr, rope_rows, win_ptr, win_slots, cap,
-                          eps, Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK)
+                          qx8d_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, rope_rows, win_ptr,
+                          win_slots, cap, eps, Q_RANK, Q_RANK_P, QKV_ROWS, NOPE, WIN_BLOCK, A_DEQ)
                 _arrive(qrdy_ptr, S, tag, ok)
             elif STAGE == 3:
                 if pair:
@@ -938,11 +969,11 @@ def mono_kernel(
                                          sin_ptr, rope_rows, S, seen, tag, spin_limit, ctl_ptr,
                                          Q_RANK, NOPE, HEADS, BK_QR, CVT_PTX, GEMV_AHEAD)
                 else:
-                    ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr,
-                                         wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows,
-                                         S, seen, tag, spin_limit, ctl_ptr, Q_RANK, NOPE, HEADS,
-                                         TB, BK_QR, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX,
-                                         MMA_SPLIT, GEMV_AHEAD)
+                    ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qx8d_ptr, qrdy_ptr,
+                                         q_ptr, wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr,
+                                         rope_rows, S, seen, tag, spin_limit, ctl_ptr, Q_RANK,
+                                         NOPE, HEADS, TB, BK_QR, EXACT, GEMV_CORES, GEMV_WORDS,
+                                         CVT_PTX, MMA_SPLIT, GEMV_AHEAD, A_DEQ)
             elif STAGE == 4:
                 i = t - end_wqb
                 s = i // (HEAD_TILES * CHUNKS)
@@ -962,14 +993,15 @@ def mono_kernel(
                 if ok:
                     _combine(st // HEAD_TILES, tile, i % COMBINE_PARTS_, part_ptr, pstat_ptr,
                              sink_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, xo_ptr, xos_ptr,
-                             HEADS, HEADS_P, CHUNKS, CHUNKS_P, GROUP_K, NOPE)
+                             xod_ptr, HEADS, HEADS_P, CHUNKS, CHUNKS_P, GROUP_K, NOPE, A_DEQ)
                 _arrive(crdy_ptr + 2 * tile, S * COMBINE_PARTS_, tag, ok)
             elif STAGE == 6:
-                ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, crdy_ptr, woap_ptr,
-                                     wrdy_ptr, x8b_ptr, x8bs_ptr, ardy_ptr, z_ptr, woa_ptr,
-                                     woa_s_ptr, S, cap, seen, tag, spin_limit, ctl_ptr, HEADS,
-                                     O_RANK, GROUP_K, O_ROWS, WOA_PARTS, TB, BK_GK, EXACT,
-                                     GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT, GEMV_AHEAD)
+                ok, seen = _woa_task(t, t - end_combine, xo_ptr, xos_ptr, xod_ptr, crdy_ptr,
+                                     woap_ptr, wrdy_ptr, x8b_ptr, x8bs_ptr, x8bd_ptr, ardy_ptr,
+                                     z_ptr, woa_ptr, woa_s_ptr, S, cap, seen, tag, spin_limit,
+                                     ctl_ptr, HEADS, O_RANK, GROUP_K, O_ROWS, WOA_PARTS, TB,
+                                     BK_GK, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT,
+                                     GEMV_AHEAD, A_DEQ)
             else:
                 if pair:
                     ok, seen = _wob_pair(t, t - end_woa, paired - end_woa, x8b_ptr, x8bs_ptr,
@@ -977,10 +1009,10 @@ def mono_kernel(
                                          spin_limit, ctl_ptr, HIDDEN, O_ROWS, BK_OR, CVT_PTX,
                                          GEMV_AHEAD)
                 else:
-                    ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr,
-                                         wob_ptr, wob_s_ptr, S, seen, tag, spin_limit, ctl_ptr,
-                                         HIDDEN, O_ROWS, TB, BK_OR, EXACT, GEMV_CORES, GEMV_WORDS,
-                                         CVT_PTX, MMA_SPLIT, GEMV_AHEAD)
+                    ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, x8bd_ptr, ardy_ptr,
+                                         y_ptr, wob_ptr, wob_s_ptr, S, seen, tag, spin_limit,
+                                         ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT, GEMV_CORES,
+                                         GEMV_WORDS, CVT_PTX, MMA_SPLIT, GEMV_AHEAD, A_DEQ)
             if TRACE:
                 ended = globaltimer_tl(t)
                 _trace(trace_ptr, t, started, ended)

@@ -35,7 +35,7 @@ import weakref
 import torch
 
 from dsv41.amd.mono.kernel import mono_kernel
-from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, MAX_TOKENS, Plan
+from dsv41.amd.mono.plan import CTL_EPOCH, CTL_ERROR, DEQUANTIZED, MAX_TOKENS, Plan
 from dsv41.amd.mono.tuning import Tuning
 from dsv41.common import switches
 from dsv41.common.fused_layout import permute_q_from_fused
@@ -85,7 +85,8 @@ class MonoRunner:
         self.plan = Plan(layer.dims, tokens, key_chunk, capacity, tuning=tuning)
         self.device = layer.wqkv.device
         if shared:
-            key = (str(self.device), self.plan.dims, self.plan.key_chunk, self.plan.woa_parts)
+            key = (str(self.device), self.plan.dims, self.plan.key_chunk, self.plan.woa_parts,
+                   self.plan.tuning.a_dequantized)  # a_dequantized: four regions more
             if key not in _SHARED_SCRATCH:
                 _SHARED_SCRATCH[key] = self.plan.new_scratch(self.device, epoch)
             self.scratch = _SHARED_SCRATCH[key]
@@ -144,6 +145,8 @@ class MonoRunner:
             v["ctl"], v["x8"], v["x8s"], v["xrdy"], v["qkvp"], v["qx8"], v["qx8s"], v["qrdy"],
             v["q"], v["part"], v["pstat"], v["srdy"], v["xo"], v["xos"], v["crdy"], v["x8b"],
             v["x8bs"], v["ardy"], v["z"], v["woap"], v["wrdy"],
+            # without a_dequantized no such regions: pointers the kernel never follows
+            *(v.get(name, v["x8"]) for name in DEQUANTIZED),
             inputs.x, inputs.positions, inputs.slot_mapping, inputs.key_table,
             window_cache.data, comp.data, y,
             y if trace is None else trace,

@@ -70,6 +70,12 @@ what wob reads); ``woap`` and ``wrdy``, wo_a's fp32 K-part partials and the
 mailboxes that count them. The last arrival at a ``wrdy`` mailbox (an acq_rel
 count) is the task that sums the block's partials; the tag it also publishes
 is waited on by no one.
+
+With ``Tuning.a_dequantized`` four more regions follow the back, ``DEQUANTIZED``: ``x8d,
+qx8d, xod, x8bd``, bf16 in the layouts of ``x8, qx8, xo, x8b``, each that MXFP8 activation's
+values dequantized (exact: an e4m3 value times a power of two). The task that writes the
+MXFP8 form writes them before the same arrival, and the tensor-core GEMV that would read the
+values and codes reads them instead, after the same wait. Without it they are not allocated.
 """
 
 from __future__ import annotations
@@ -103,6 +109,7 @@ STAGES = ("xq", "wqkv", "norm", "wqb", "attn", "combine", "woa", "wob")
 
 FRONT = ("x8", "x8s", "xrdy", "qkvp", "qx8", "qx8s", "qrdy", "q")
 BACK = ("part", "pstat", "srdy", "xo", "xos", "crdy", "x8b", "x8bs", "ardy", "z", "woap", "wrdy")
+DEQUANTIZED = ("x8d", "qx8d", "xod", "x8bd")  # with Tuning.a_dequantized: bf16 x8, qx8, xo, x8b
 E4M3 = torch.float8_e4m3fn
 # Attention partials are fp32, not bf16: a bf16 partial is a second rounding of o before
 # the contract's one (bf16 o, then MXFP8), and at the tiny geometry it flipped 1.6 % of
@@ -223,7 +230,8 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b),
-        ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS``, ``GEMV_AHEAD`` and ``MMA_SPLIT``, from
+        ``A_DEQ``, ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS``, ``GEMV_AHEAD`` and
+        ``MMA_SPLIT``, from
         the plan's ``tuning``, so the task tables and the launches built from one plan always
         agree."""
         m, d, t = self.dims.model, self.dims, self.tuning
@@ -243,6 +251,7 @@ class Plan:
                 f"{split} segments of the K blocks {blocks}"
             )
         return blocks | {
+            "A_DEQ": t.a_dequantized,
             "GEMV_CORES": t.gemv_cores,
             "GEMV_WORDS": t.gemv_words,
             "GEMV_PAIRS": t.gemv_pairs,
@@ -379,9 +388,13 @@ class Plan:
             "z": ((s, d.o_rows), torch.bfloat16),
             "woap": ((self.woa_parts, s, d.o_rows), torch.float32),
             "wrdy": ((box["wrdy"], MAILBOX_WORDS), torch.int32),
+            "x8d": ((s, m.hidden), torch.bfloat16),
+            "qx8d": ((s, m.q_rank), torch.bfloat16),
+            "xod": ((s, d.q_rows), torch.bfloat16),
+            "x8bd": ((s, d.o_rows), torch.bfloat16),
         }
         out, offset = {}, 0
-        for name in ("ctl", *FRONT, *BACK):
+        for name in ("ctl", *FRONT, *BACK, *(DEQUANTIZED if self.tuning.a_dequantized else ())):
             shape, dtype = shapes[name]
             mailboxes = name.endswith("rdy") or name == "ctl"
             token_dim = None if mailboxes else int(name in ("qkvp", "woap"))
@@ -401,7 +414,7 @@ class Plan:
     @property
     def scratch_bytes(self) -> int:
         """The whole scratch, rounded up to 4096 B."""
-        return _round_up(self.regions[BACK[-1]].end, SCRATCH_ALIGN)
+        return _round_up(list(self.regions.values())[-1].end, SCRATCH_ALIGN)
 
     def new_scratch(self, device="cpu", epoch: int = 1) -> torch.Tensor:
         """Zeroed scratch with the epoch word set and every mailbox tag at ``epoch - 1``."""

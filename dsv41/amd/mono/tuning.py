@@ -54,6 +54,11 @@ ROCM_NUM_WARPS = 8
 ROCM_KEY_SLICE = 16
 ROCM_GEMV_BLOCK = 128
 ROCM_MMA_SPLIT = MMA_SPLIT
+# Tensor-core GEMV blocks read their activations as bf16 values their producer dequantized once
+# (xq, norm, combine, wo_a's last part: exact, an e4m3 value times a power of two) instead of
+# loading values and codes and dequantizing them in every K step. An A/B choice for the H200
+# (dsv41 bench --tokens 8,16,32,48 --variant mono:a_dequantized=1); off until timed.
+A_DEQUANTIZED = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Tuning:
     key_chunk: int  # keys of an attention task, at most (the plan takes <= keys / 2)
     key_slice: int  # keys an attention task holds in registers at once: a power of two >= 16
     num_warps: int  # warps of a program: 4, 8 or 16
+    a_dequantized: bool  # tensor-core GEMVs read bf16 activations dequantized by their producer
 
     def __post_init__(self):
         pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731
@@ -79,6 +85,8 @@ class Tuning:
             "gemv_words": (self.gemv_cores or not self.gemv_words, "False on tensor cores"),
             "gemv_pairs": (self.gemv_words or not self.gemv_pairs, "False without gemv_words"),
             "gemv_ahead": (self.gemv_ahead in (3, 5), "3 or 5"),
+            "a_dequantized": (not (self.gemv_cores and self.a_dequantized),
+                              "False with gemv_cores (tensor-core GEMV blocks read it)"),
             "mma_split": (self.mma_split in (None, 1, 2, 4, 8), "None, 1, 2, 4 or 8"),
             "woa_parts": (self.woa_parts in (1, 2, 4, 8), "1, 2, 4 or 8"),
             "key_chunk": (pow2(self.key_chunk), "a power of two"),
@@ -103,6 +111,7 @@ def resolve(dims: Dims, tokens: int, platform: Platform | None = None, **changes
     rocm = (platform or current_platform()).kind == "rocm"
     cores = tokens <= CORES_TOKENS
     words = lambda cores: cores and not (rocm and tokens > 1)  # noqa: E731
+    deq = lambda cores: A_DEQUANTIZED and not cores  # noqa: E731
     base = Tuning(
         gemv_block=GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK,
         gemv_cores=cores,
@@ -114,14 +123,16 @@ def resolve(dims: Dims, tokens: int, platform: Platform | None = None, **changes
         key_chunk=KEY_CHUNK,
         key_slice=KEY_SLICE,
         num_warps=NUM_WARPS,
+        a_dequantized=deq(cores),
     )
     if rocm:
         base = dataclasses.replace(base, gemv_block=ROCM_GEMV_BLOCK, key_slice=ROCM_KEY_SLICE,
                                    num_warps=ROCM_NUM_WARPS,
                                    mma_split=1 if cores else ROCM_MMA_SPLIT)
-    if "gemv_cores" in changes:  # words, pairs and the split follow the loop unless given
-        cores = changes["gemv_cores"]
-        changes = {"gemv_words": words(cores), "mma_split": 1 if cores else None, **changes}
+    if "gemv_cores" in changes:  # words, pairs, the split and a_dequantized follow the loop
+        cores = changes["gemv_cores"]  # unless given
+        changes = {"gemv_words": words(cores), "mma_split": 1 if cores else None,
+                   "a_dequantized": deq(cores), **changes}
         changes.setdefault("gemv_pairs", PAIRS and tokens == 1 and changes["gemv_words"])
     elif "gemv_words" in changes:
         changes.setdefault("gemv_pairs", PAIRS and tokens == 1 and changes["gemv_words"])
