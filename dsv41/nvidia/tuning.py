@@ -73,9 +73,11 @@ class Tuning:
                              f"{len(self.streams)} configs")  # fmt: skip
 
     def config(self, site: str) -> GemmConfig:
-        """GEMM ``site``'s launch: its stream tiles where it streams, else its own."""
-        if self.stream and self.dequantized(site):
-            return self.streams[GEMM_SITES.index(site)]
+        """GEMM ``site``'s launch: its stream tiles where it streams (decode buckets: one token
+        tile), else its own."""
+        tiles = self.streams[GEMM_SITES.index(site)] if self.streams else None
+        if self.stream and self.dequantized(site) and self.bucket <= tiles.block_m:
+            return tiles
         return getattr(self, site)
 
     def rows(self) -> list[tuple[str, str]]:

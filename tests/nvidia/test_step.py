@@ -203,6 +203,8 @@ def test_streamed_gemms_match_the_reference(layer):
     cpu = torch.device("cpu")
     tuning = changed(tuning_for(layer.dims, cpu, 5), {"a_dequantized": True, "stream": True})
     assert all(tuning.config(site).programs for site in GEMM_SITES)
+    prefill = changed(tuning_for(layer.dims, cpu, 100), {"a_dequantized": True, "stream": True})
+    assert not any(prefill.config(site).programs for site in GEMM_SITES)  # past one token tile
     sc = make_scenario(layer.dims, LAYER_ID, 5, fmt="fp8_ds_mla", seed=33)
     check_seams(layer, *run_both(layer, sc, tuning))
     with pytest.raises(ValueError, match="Tuning.stream: expected it with a_dequantized"):
