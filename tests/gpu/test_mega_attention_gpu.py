@@ -155,3 +155,21 @@ def test_alone_changes_no_bit(tokens):
     shared = [k.metadata.shared for cache in mega_attention_kernel.device_caches.values()
               for k in cache[0].values()]  # fmt: skip
     assert whole in shared
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 48])
+def test_key_block_and_fold_choices(tokens):
+    """The A/B choices on the GPU (tp 4): 32-key dots match the reference; the folded combine
+    gives the combine launch's bits (both with 32-key dots too), and again on a second call."""
+    from dsv41.nvidia.ops.mega_attention import attention_tuning
+
+    layer, sc, seams, q_fused = _step(4, COMPRESSED_LAYER, tokens, "fp8_ds_mla")
+    base = attention_tuning(tokens, layer.dims.heads, sc.key_table.shape[1], 132)
+    for key_block in (16, 32):
+        plain = dataclasses.replace(base, key_block=key_block, combine_wide=True)
+        want = _run(layer, sc, q_fused, tuning=plain)
+        _check_against_reference(layer, seams, want)
+        for _ in range(2):
+            got = _run(layer, sc, q_fused, tuning=dataclasses.replace(plain, fold=True))
+            for g, w in zip(got, want):
+                assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))

@@ -222,3 +222,22 @@ def test_task_trace_records_every_task_and_changes_no_bit(layers) -> None:
     assert bool((program >= 0).all()) and bool((program < runner.programs).all())
     with pytest.raises(ValueError, match=r"trace: expected a contiguous int64 tensor of shape"):
         runner.launch(args, plain, trace=trace[:-1])
+
+
+@pytest.mark.parametrize("tokens,change", [(1, {"gemv_ahead": 5}), (2, {"gemv_ahead": 5}),
+                                           (16, {"a_dequantized": True}),
+                                           (48, {"a_dequantized": True})])  # fmt: skip
+def test_ab_choices_change_no_bit(layers, tokens, change) -> None:
+    """The A/B choices on the GPU: five weight blocks ahead, and tensor-core GEMVs on
+    dequantized activations, give the default launch's y bit for bit."""
+    from dsv41.amd.mono.tuning import resolve
+
+    lw = layers[True]
+    sc = _scenario(lw, tokens, seed=40 + tokens)
+    ys = []
+    for tuning in (None, resolve(lw.dims, tokens, **change)):
+        runner = MonoRunner(lw, tokens, tuning=tuning)
+        ys.append(torch.empty_like(sc.x))
+        runner.launch(sc.clone_caches(), ys[-1])
+        runner.check()
+    assert torch.equal(ys[0], ys[1])
