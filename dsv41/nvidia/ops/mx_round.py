@@ -13,6 +13,7 @@ import triton.language as tl
 
 from dsv41.common.mx import MX_BLOCK, mx_round_tl
 from dsv41.common.platform import current_platform
+from dsv41.nvidia.ops.mx_gemm import _check
 from dsv41.nvidia.ops.pdl import pdl_enabled, pdl_launch_options, pdl_prologue_tl
 
 BLOCK_M = 16  # tokens a program rounds
@@ -36,10 +37,8 @@ def mx_round(x: torch.Tensor, out: torch.Tensor, *, pdl: bool | None = None) -> 
     """``out`` bf16 ``[M, K]`` = x's MXFP8 values dequantized (x bf16 ``[M, K]``, K a multiple
     of 32); ``pdl``: a step's ``Tuning`` passes it, None picks it for M."""
     m, k = x.shape
-    for name, t in (("x", x), ("out", out)):
-        if t.dtype != torch.bfloat16 or tuple(t.shape) != (m, k) or t.stride(-1) != 1:
-            raise ValueError(f"{name}: expected bfloat16 {[m, k]} (unit last stride), "
-                             f"got {t.dtype} {list(t.shape)}")  # fmt: skip
+    _check("x", x, torch.bfloat16, (m, k))
+    _check("out", out, torch.bfloat16, (m, k))
     if k % MX_BLOCK:
         raise ValueError(f"x: expected columns a multiple of {MX_BLOCK} (whole MX blocks), "
                          f"got {k}")  # fmt: skip
