@@ -22,8 +22,8 @@ model's layers, weights past the L2), the median replay over the layer count:
     python benchmarks/stream.py --backend nvidia --tp 4 --tokens 1,4,16,48 --json stream.json
 
 ``--variant FIELD=VALUE[,...]`` times the backend with its tuning changed, as ``dsv41 bench
---variant BACKEND:...`` does (e.g. ``a_dequantized=1,stream=1``: Wqkv's x rounding shows as stage
-``x_round``).
+--variant BACKEND:...`` does (e.g. ``attention.key_block=16``). Above the CUDA-core buckets Wqkv's
+x rounding (``mx_round``) shows as stage ``x_round``.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class StepLaunches:
     def _sites():
         from dsv41.nvidia.ops import mega_attention, mx_gemm, mx_round, norm_rope_insert
 
-        return [(mx_gemm, "mx_gemm_kernel", "gemm"), (mx_gemm, "mx_stream_kernel", "gemm"),
+        return [(mx_gemm, "mx_gemm_kernel", "gemm"),
                 (mx_round, "mx_round_kernel", "x_round"),
                 (norm_rope_insert, "norm_rope_insert_kernel", "norm"),
                 (mega_attention, "mega_attention_kernel", "attention"),

@@ -124,10 +124,10 @@ def test_stages_and_bytes_of_an_nvidia_step(stream):
 
 
 def test_stages_of_a_variant(stream):
-    """``--variant a_dequantized=1,stream=1`` at an MMA bucket: x's rounding is a stage of its
-    own and the streamed GEMMs keep their sites' names."""
-    args = stream.parse_args(["--variant", "a_dequantized=1,stream=1", "--tokens", "5"])
-    assert args.changes == {"a_dequantized": True, "stream": True}
+    """``--variant attention.key_block=16`` at an MMA bucket: the changed field parsed, x's
+    rounding a stage of its own and the GEMMs keeping their sites' names."""
+    args = stream.parse_args(["--variant", "attention.key_block=16", "--tokens", "5"])
+    assert args.changes == {"attention.key_block": 16}
     dims = Dims.of("tiny", 2)
     layer = LayerWeights(dims, 0, 1)
     layer.dummy_load(seed=1)

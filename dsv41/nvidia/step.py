@@ -16,9 +16,9 @@
    in wo_b's prologue instead (A_CAST, which stores z8), so wo_a takes whole rows
    (``Tuning.z_cast_in_wo_b``).
 
-With ``Tuning.a_dequantized`` each GEMM on the MMA loop reads its activation as bf16 values its
-producer dequantized once: x by an ``mx_round`` launch before Wqkv, qr by the norm kernel, xo by
-attention, z by wo_a's epilogue.
+Each GEMM on the MMA loop (above the CUDA-core buckets) reads its activation as bf16 values its
+producer dequantized once (``Dequantized``, A_DEQ): x by an ``mx_round`` launch before Wqkv, qr
+by the norm kernel, xo by attention, z by wo_a's epilogue.
 
 Every choice above (tiles, splits, PDL) is in the step's ``Tuning`` (``dsv41/nvidia/tuning.py``),
 resolved once for the GPU, the tp share and the token bucket and passed to every launch.
@@ -62,7 +62,7 @@ class StepBuffers:
         torch.Tensor, torch.Tensor
     ]  # e4m3 [rows, groups*o_rank], uint8 [rows, groups*o_rank/32]
     y: torch.Tensor  # bf16 [rows, hidden]
-    # The MMA loops' activations dequantized (Tuning.a_dequantized): x, qr, xo (fused O), z
+    # The MMA loops' activations dequantized (Tuning.dequantized): x, qr, xo (fused O), z
     xd: torch.Tensor  # bf16 [rows, hidden]
     qrd: torch.Tensor  # bf16 [rows, q_rank]
     xod: torch.Tensor  # bf16 [rows, heads*512]
@@ -121,7 +121,7 @@ def launch_step(
     if t.dequantized("wqkv"):
         a = Dequantized(mx_round(x, out.xd, pdl=t.pdl))
     mx_gemm(a, layer.wqkv, layer.wqkv_scale, out=out.qkv, scratch=scratch["wqkv"],
-            config=t.config("wqkv"), pdl=t.pdl)  # fmt: skip
+            config=t.wqkv, pdl=t.pdl)  # fmt: skip
 
     def norm(qr8, qr_deq=None) -> None:
         norm_rope_insert(
@@ -146,14 +146,14 @@ def launch_step(
         qr = NormInput(out.qkv[:, : model.q_rank], layer.q_norm, model.eps)
         ahead = RecordsAhead(key_table, window_cache, compressed_cache)  # for wq_b's programs
         mx_gemm(qr, layer.wq_b, layer.wq_b_scale, out=out.q, scratch=scratch["wq_b"],
-                records=ahead, config=t.config("wq_b"), pdl=t.pdl)  # fmt: skip
+                records=ahead, config=t.wq_b, pdl=t.pdl)  # fmt: skip
         if side is not None:
             main.wait_stream(side)  # attention reads the inserted records
     else:
         deq = t.dequantized("wq_b")
         norm(out.qr8, out.qrd if deq else None)
         mx_gemm(Dequantized(out.qrd) if deq else out.qr8, layer.wq_b, layer.wq_b_scale, out=out.q,
-                scratch=scratch["wq_b"], config=t.config("wq_b"), pdl=t.pdl)  # fmt: skip
+                scratch=scratch["wq_b"], config=t.wq_b, pdl=t.pdl)  # fmt: skip
     attention = t.attention
     if key_table.shape[1] != model.keys:  # a key table of another width: split it as it is
         attention = attention_tuning(t.bucket, layer.dims.heads, key_table.shape[1], t.sms)
@@ -175,18 +175,18 @@ def launch_step(
     )
     if t.z_cast_in_wo_b:
         mx_gemm((xo, xo_codes), layer.wo_a, layer.wo_a_scale, out=out.z,
-                n_per_group=model.o_rank, scratch=scratch["wo_a"], config=t.config("wo_a"),
+                n_per_group=model.o_rank, scratch=scratch["wo_a"], config=t.wo_a,
                 pdl=t.pdl)  # fmt: skip
         mx_gemm(out.z, layer.wo_b, layer.wo_b_scale, out=out.y, a8_out=out.z8,
-                scratch=scratch["wo_b"], config=t.config("wo_b"), pdl=t.pdl)  # fmt: skip
+                scratch=scratch["wo_b"], config=t.wo_b, pdl=t.pdl)  # fmt: skip
     else:
         xa = Dequantized(out.xod) if t.dequantized("wo_a") else (xo, xo_codes)
         deq = t.dequantized("wo_b")
         mx_gemm(xa, layer.wo_a, layer.wo_a_scale, out=out.z, out8=out.z8,
                 out_deq=out.zd if deq else None, n_per_group=model.o_rank, scratch=scratch["wo_a"],
-                config=t.config("wo_a"), pdl=t.pdl)  # fmt: skip
+                config=t.wo_a, pdl=t.pdl)  # fmt: skip
         mx_gemm(Dequantized(out.zd) if deq else out.z8, layer.wo_b, layer.wo_b_scale, out=out.y,
-                scratch=scratch["wo_b"], config=t.config("wo_b"), pdl=t.pdl)  # fmt: skip
+                scratch=scratch["wo_b"], config=t.wo_b, pdl=t.pdl)  # fmt: skip
     return {
         "qkv": out.qkv,
         "kv": out.kv,

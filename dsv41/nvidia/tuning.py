@@ -20,7 +20,7 @@ from dsv41.common.geometry import Dims
 from dsv41.common.platform import Platform, current_platform
 from dsv41.nvidia.ops.launch import bucket_for, sm_count
 from dsv41.nvidia.ops.mega_attention import AttentionTuning, attention_tuning
-from dsv41.nvidia.ops.mx_gemm import GEMV, GemmConfig, GemvRules, gemm_config, stream_config
+from dsv41.nvidia.ops.mx_gemm import GEMV, GemmConfig, GemvRules, gemm_config
 from dsv41.nvidia.ops.pdl import pdl_enabled
 
 GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
@@ -51,57 +51,34 @@ class Tuning:
     norm_in_wq_b: bool
     # z's MXFP8 cast in wo_b's prologue (which stores z8), so wo_a takes whole rows
     z_cast_in_wo_b: bool
-    # The MMA-loop GEMMs read their activations as bf16 values their producer dequantized once
-    # (x by an mx_round launch before Wqkv): their K steps convert only weights. An A/B choice
-    # (dsv41 bench --variant nvidia:a_dequantized=1); off: each program converts its own.
-    a_dequantized: bool
     wqkv: GemmConfig
     wq_b: GemmConfig
     wo_a: GemmConfig
     wo_b: GemmConfig
     attention: AttentionTuning
-    # The MMA-loop GEMMs as one stream a program (mx_stream_kernel; with a_dequantized): each
-    # program's loads run ahead across tile boundaries. An A/B choice (--variant
-    # nvidia:a_dequantized=1,stream=1); the sites' stream tiles, GEMM_SITES order.
-    stream: bool = False
-    streams: tuple[GemmConfig, ...] = ()
-
-    def __post_init__(self):
-        if self.stream and not (self.a_dequantized and len(self.streams) == len(GEMM_SITES)):
-            raise ValueError(f"Tuning.stream: expected it with a_dequantized and a stream config "
-                             f"a site, got a_dequantized {self.a_dequantized} and "
-                             f"{len(self.streams)} configs")  # fmt: skip
-
-    def config(self, site: str) -> GemmConfig:
-        """GEMM ``site``'s launch: its stream tiles where it streams (decode buckets: one token
-        tile), else its own."""
-        tiles = self.streams[GEMM_SITES.index(site)] if self.streams else None
-        if self.stream and self.dequantized(site) and self.bucket <= tiles.block_m:
-            return tiles
-        return getattr(self, site)
 
     def rows(self) -> list[tuple[str, str]]:
         """``(name, value)`` lines for ``dsv41 plan``."""
         out = [("bucket", str(self.bucket)), ("sms", str(self.sms)), ("pdl", str(self.pdl)),
                ("norm_in_wq_b", str(self.norm_in_wq_b)),
-               ("z_cast_in_wo_b", str(self.z_cast_in_wo_b)),
-               ("a_dequantized", str(self.a_dequantized)),
-               ("stream", str(self.stream))]  # fmt: skip
+               ("z_cast_in_wo_b", str(self.z_cast_in_wo_b))]  # fmt: skip
         for site in GEMM_SITES:
-            c = self.config(site)
-            loop = "cuda-core" if c.gemv else f"stream of {c.programs}" if c.programs else "mma"
+            c = getattr(self, site)
+            loop = "cuda-core" if c.gemv else "mma on bf16 a"
             out.append((site, f"{loop} block {c.block_m}x{c.block_n}x{c.block_k} split_k "
                               f"{c.split_k} k_steps {c.k_steps} k_tail {c.k_tail} warps "
                               f"{c.num_warps} stages {c.num_stages}"))  # fmt: skip
         a = self.attention
         out.append(("attention", f"splits {a.splits} x {a.keys_per_split} keys, qk_split "
                                  f"{a.qk_split}, alone {a.alone}, combine {a.combine_heads} "
-                                 f"heads{' wide' if a.combine_wide else ''}"))  # fmt: skip
+                                 f"heads{' wide' if a.combine_wide else ''}, "
+                                 f"{a.key_block}-key dots"))  # fmt: skip
         return out
 
     def dequantized(self, site: str) -> bool:
-        """Whether GEMM ``site`` reads its activation dequantized (``a_dequantized``, MMA loop)."""
-        return self.a_dequantized and not getattr(self, site).gemv
+        """Whether GEMM ``site`` reads its activation as bf16 values its producer dequantized once
+        (the MMA loop: its K steps then convert only weights)."""
+        return not getattr(self, site).gemv
 
 
 def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
@@ -128,14 +105,11 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
         pdl=pdl_enabled(bucket) if pdl is None else pdl and current_platform().pdl,
         norm_in_wq_b=wq_b.gemv,
         z_cast_in_wo_b=z_cast,
-        a_dequantized=False,
         wqkv=config("wqkv", quant_out=False),
         wq_b=wq_b,
         wo_a=wo_a_whole if z_cast else config("wo_a", quant_out=True),
         wo_b=wo_b,
         attention=attention_tuning(bucket, dims.heads, dims.model.keys, sms),
-        streams=tuple(stream_config(bucket, shapes[site][0], shapes[site][1], sms=sms)
-                      for site in GEMM_SITES),
     )
 
 

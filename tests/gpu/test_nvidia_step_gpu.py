@@ -192,20 +192,23 @@ def test_attention_trace_stamps_every_program(layer, tokens):
 
 
 @pytest.mark.parametrize("m", [4, 16, 48])
-def test_dequantized_and_streamed_gemms(layer, m):
-    """The A/B choices on the GPU: ``a_dequantized`` gives every seam of the default step bit
-    for bit; with ``stream`` too, y is within 1e-2 of the reference and repeats bit for bit."""
-    from dsv41.nvidia.tuning import changed, tuning_for
+def test_dequantized_activation_changes_no_bit(layer, m):
+    """The MMA loop on a ``Dequantized`` activation (the step's) gives the bits of the same loop
+    converting the MXFP8 operand itself, for each GEMM site's tiles at real geometry."""
+    from dsv41.common.mx import mxfp8_round
+    from dsv41.nvidia.ops.mx_gemm import Dequantized, mx_gemm
+    from dsv41.nvidia.tuning import GEMM_SITES, tuning_for
 
-    base = tuning_for(layer.dims, DEVICE, m)
-    deq = changed(base, {"a_dequantized": True})
-    streamed = changed(deq, {"stream": True})
-    sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_ds_mla", seed=70 + m, device=DEVICE)
-    runs = [nvidia_step(layer, sc.clone_caches(), tuning=t) for t in (base, deq)]
-    for name, got in runs[1].items():
-        want = runs[0][name]
-        for g, w in zip(*(v if isinstance(v, tuple) else (v,) for v in (got, want))):
-            assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), name
-    ref = reference_step(layer, sc.clone_caches())
-    y = [nvidia_step(layer, sc.clone_caches(), tuning=streamed)["y"] for _ in range(2)]
-    assert rel(y[0], ref.y) <= 1e-2 and torch.equal(y[0], y[1])
+    t = tuning_for(layer.dims, DEVICE, m)
+    gen = torch.Generator(device=DEVICE).manual_seed(80 + m)
+    for site in GEMM_SITES:
+        w, scale = getattr(layer, site), getattr(layer, f"{site}_scale")
+        npg = layer.dims.model.o_rank if site == "wo_a" else w.shape[0]
+        k = w.shape[1] * (w.shape[0] // npg)
+        x = torch.randn(m, k, device=DEVICE, generator=gen).to(torch.bfloat16)
+        cfg = getattr(t, site)
+        assert not cfg.gemv and t.dequantized(site)
+        got = mx_gemm(Dequantized(mxfp8_round(x).bfloat16()), w, scale, n_per_group=npg,
+                      config=cfg)  # fmt: skip
+        want = mx_gemm(mxfp8_quantize(x), w, scale, n_per_group=npg, config=cfg)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), site

@@ -30,7 +30,6 @@ from dsv41.nvidia.ops.mega_attention import (
     attention_tuning,
     combine_programs,
     combine_wide,
-    fold_args,
     mega_attention,
     prefetch_records,
     rows_aligned,
@@ -206,23 +205,6 @@ def test_combine_heads_a_program(heads):
                              combine_wide=wide), want)  # fmt: skip
     with pytest.raises(ValueError, match="AttentionTuning.combine_heads: expected 1, 2, 4, 8"):
         dataclasses.replace(attention_tuning(1, 16, 640, 132), combine_heads=3)
-
-
-@pytest.mark.parametrize("splits,fmt", [(3, "fp8_ds_mla"), (4, "fp8_mx")])
-def test_combine_folded_into_attention(splits, fmt):
-    """``AttentionTuning.fold``: the last split of each (token, tile) combines (no second
-    launch): the same bits as the combine launch (with a row of no keys), tickets back at 0,
-    and the same again on a second call."""
-    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, fmt)
-    table = sc.key_table.clone()
-    table[1] = NONE
-    plain = _run(layer, sc, q_fused, key_table=table, splits=splits, combine_wide=True)
-    for _ in range(2):
-        folded = _run(layer, sc, q_fused, key_table=table, splits=splits, fold=True)
-        for got, want in zip(folded, plain):
-            assert torch.equal(got, want)
-    assert not fold_args(1, splits, torch.device("cpu"))["ticket_ptr"].any()
-    _assert_matches(plain, _expected(layer, sc, seams, table, layer.attn_sink))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -23,7 +23,7 @@ from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mx_gemm import GemvRules, Scratch, gemm_config
 from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, StepBuffers, launch_step, nvidia_step
-from dsv41.nvidia.tuning import GEMM_SITES, changed, gemm_shapes, resolve, tuning_for
+from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, resolve, tuning_for
 from dsv41.nvidia.warmup import REGISTRY, warmup
 
 LAYER_ID = 1  # compressed: window + top-k
@@ -167,45 +167,22 @@ def test_norm_in_wq_b_follows_the_cuda_core_loop(layer):
     assert t1.norm_in_wq_b and t1.wq_b.gemv and not t48.norm_in_wq_b and not t48.wq_b.gemv
 
 
-def test_dequantized_activations_change_no_bit(layer):
-    """``Tuning.a_dequantized`` at an MMA bucket: every seam bit-equal to each program
-    converting its own activation, and each dequantized buffer the torch MXFP8 round trip of
-    what it stands for (x; the qr8, xo and z8 seams)."""
+def test_dequantized_activations_are_the_mxfp8_round_trips(layer):
+    """At an MMA bucket every GEMM reads its activation dequantized by its producer: each
+    buffer is the torch MXFP8 round trip of what it stands for (x; the qr8, xo and z8 seams),
+    exact in bf16 (its GEMM's bits against the MXFP8 operand: test_gemms.py)."""
     cpu = torch.device("cpu")
     m = 5
-    base = tuning_for(layer.dims, cpu, m)
-    assert not base.wqkv.gemv and not base.a_dequantized
+    tuning = tuning_for(layer.dims, cpu, m)
+    assert all(tuning.dequantized(site) for site in GEMM_SITES)
+    assert not any(tuning_for(layer.dims, cpu, 1).dequantized(site) for site in GEMM_SITES)
     sc = make_scenario(layer.dims, LAYER_ID, m, fmt="fp8_mx", seed=31)
-    runs = {}
-    for deq in (False, True):
-        out = StepBuffers.allocate(layer, m, cpu)
-        inputs = sc.clone_caches()
-        scratch = {site: Scratch() for site in GEMM_SITES}
-        tuning = dataclasses.replace(base, a_dequantized=deq)
-        runs[deq] = launch_step(layer, inputs, out, scratch, tuning), out, inputs
-    (plain, _, plain_in), (seams, out, deq_in) = runs[False], runs[True]
-    for name in STEP_SEAMS:
-        for a, b in zip(*(s if isinstance(s, tuple) else (s,) for s in (plain[name], seams[name]))):
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
-    assert torch.equal(deq_in.window_cache.data, plain_in.window_cache.data)
+    out = StepBuffers.allocate(layer, m, cpu)
+    scratch = {site: Scratch() for site in GEMM_SITES}
+    seams = launch_step(layer, sc.clone_caches(), out, scratch, tuning)
     fused = mxfp8_dequantize(*seams["xo"])
     want = {"xd": mxfp8_round(sc.x), "qrd": mxfp8_dequantize(*out.qr8), "xod": fused,
             "zd": mxfp8_dequantize(*seams["z8"])}  # fmt: skip
     for name, value in want.items():
         assert torch.equal(getattr(out, name), value.to(torch.bfloat16)), name
     assert torch.equal(fused.to(torch.bfloat16).float(), fused)  # exact in bf16
-
-
-def test_streamed_gemms_match_the_reference(layer):
-    """``Tuning.stream`` (with ``a_dequantized``) at an MMA bucket: every GEMM a stream of
-    programs (the tiny geometry's K is one step a tile; shared tiles: test_gemms.py); the seams
-    against the reference as the default step's are."""
-    cpu = torch.device("cpu")
-    tuning = changed(tuning_for(layer.dims, cpu, 5), {"a_dequantized": True, "stream": True})
-    assert all(tuning.config(site).programs for site in GEMM_SITES)
-    prefill = changed(tuning_for(layer.dims, cpu, 100), {"a_dequantized": True, "stream": True})
-    assert not any(prefill.config(site).programs for site in GEMM_SITES)  # past one token tile
-    sc = make_scenario(layer.dims, LAYER_ID, 5, fmt="fp8_ds_mla", seed=33)
-    check_seams(layer, *run_both(layer, sc, tuning))
-    with pytest.raises(ValueError, match="Tuning.stream: expected it with a_dequantized"):
-        changed(tuning, {"a_dequantized": False})

@@ -71,10 +71,12 @@ from dsv41.nvidia.ops.sm_share import launch_alone
 
 HEAD_DIM = KV_DIM  # 512: q, k, v and o dims of a head (MQA, V = K)
 KEY_BLOCK = 16  # keys a dot covers (the smallest MMA N)
-# AttentionTuning.key_block may take 32 instead (an A/B choice, untimed): SM90, tp 4, 4 warps,
-# M = 48: 243 registers, no spill, 2,280 SASS instructions against 1,816 for 16 keys (0.63x a
-# key; kernel_facts.py); 64 keys spill there (255 registers, 8 B). A split of no whole 32-key
-# blocks stops its last block at its end, so the default splits serve it at every M.
+# From KEY_BLOCK_32_TOKENS tokens a dot covers 32 keys (AttentionTuning.key_block): the H200,
+# tp 4, with dequantized GEMM activations: 57.1 against 58.3 us a step at M = 4, 102.5 against
+# 108.5 at M = 48; at M = 1 16 keys (23.6 against 25.6 us). SM90, M = 48: 243 registers, no
+# spill; 64 keys spill (kernel_facts.py). A split of no whole 32-key blocks stops its last
+# block at its end, so the 16-key splits serve it.
+KEY_BLOCK_32_TOKENS = 4
 KEY_BLOCKS = (16, 32)
 COMBINE_CHUNK = O_CHUNK  # 32 dims a combine program finishes: one MX block, whole RoPE pairs
 COMBINE_HEADS = 4  # heads a combine program finishes: 4 programs a head tile and chunk, so
@@ -306,15 +308,9 @@ def mega_attention_kernel(
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
     trace_ptr=None, TRACE: tl.constexpr = False, xo_deq_ptr=None, XO_DEQ: tl.constexpr = False,
-    ticket_ptr=None, FOLD: tl.constexpr = False, SPLIT_HEAD: tl.constexpr = 1,
-    SPLIT_TAIL: tl.constexpr = 0,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
-
-    ``FOLD``: the combine runs here, no second launch: the last split of a (token, tile) to
-    store its partials (an acq_rel ticket it resets) sums every split's (``_combine_wide_tl``,
-    ``SPLIT_HEAD`` / ``SPLIT_TAIL``) a 32-dim chunk at a time and runs the epilogue.
 
     ``EARLY`` (a split of one key block whose records no kernel still running writes): the
     block is read before the PDL wait, so only q's read waits for wq_b. ``PREFETCH`` (a split of
@@ -403,20 +399,6 @@ def mega_attention_kernel(
         tl.store(part_o_ptr + (at * HT + hh[:, None]) * _HEAD_DIM + d[None, :], acc)
         tl.store(part_stat_ptr + at * (2 * HT) + hh, m_i)
         tl.store(part_stat_ptr + at * (2 * HT) + HT + hh, l_i)
-        if FOLD:
-            tl.debug_barrier()
-            ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
-            if ticket == SPLITS - 1:
-                tl.debug_barrier()
-                for d0 in range(0, _HEAD_DIM, _O_CHUNK):
-                    o_c, l_c, m_c = _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT,
-                                                     SPLITS, _O_CHUNK, SPLIT_HEAD, SPLIT_TAIL,
-                                                     True)  # fmt: skip
-                    cos_c, sin_c = _rope_angles_tl(d0, pos, max_pos, cos_ptr, sin_ptr, _O_CHUNK)
-                    _epilogue_tl(o_c, l_c, m_c, d0, token, heads, head_ok, sink, cos_c, sin_c,
-                                 xo_ptr, codes_ptr, lse_ptr, xo_deq_ptr, H, G, HT, _O_CHUNK,
-                                 DOT_BF16, XO_DEQ)  # fmt: skip
-                tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")
     if TRACE:
         _stamp_now_tl(stamps, 5, pid)
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
@@ -424,24 +406,17 @@ def mega_attention_kernel(
 
 @triton.jit
 def _split_rows_tl(part_o_ptr, part_stat_ptr, pid, t0, hh, cols, HT: tl.constexpr,
-                   SPLITS: tl.constexpr, N: tl.constexpr, PAD: tl.constexpr,
-                   CG: tl.constexpr):  # fmt: skip
+                   SPLITS: tl.constexpr, N: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
     """Splits ``t0 .. t0 + N`` (padded to ``PAD``, masked) of (token, tile) ``pid``: their maxes
-    and sums ``[PAD, heads]`` and o partials ``[PAD, heads, dims]``, one load each (``CG``: from
-    the L2, for partials other programs of this launch wrote)."""
+    and sums ``[PAD, heads]`` and o partials ``[PAD, heads, dims]``, one load each."""
     t = t0 + tl.arange(0, PAD)
     t_ok = t < t0 + N
     first = pid.to(tl.int64) * SPLITS + t  # each split's row of partials
     stat = part_stat_ptr + first[:, None] * (2 * HT) + hh[None, :]
     part = part_o_ptr + ((first[:, None] * HT + hh[None, :]) * _HEAD_DIM)[:, :, None] + cols
-    if CG:
-        m_t = tl.load(stat, mask=t_ok[:, None], other=-float("inf"), cache_modifier=".cg")
-        l_t = tl.load(stat + HT, mask=t_ok[:, None], other=0.0, cache_modifier=".cg")
-        o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0, cache_modifier=".cg")
-    else:
-        m_t = tl.load(stat, mask=t_ok[:, None], other=-float("inf"))
-        l_t = tl.load(stat + HT, mask=t_ok[:, None], other=0.0)
-        o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0)
+    m_t = tl.load(stat, mask=t_ok[:, None], other=-float("inf"))
+    l_t = tl.load(stat + HT, mask=t_ok[:, None], other=0.0)
+    o_t = tl.load(part, mask=t_ok[:, None, None], other=0.0)
     return m_t, l_t, o_t
 
 
@@ -456,7 +431,7 @@ def _weighted_sums_tl(m_t, l_t, o_t, m_ref):
 @triton.jit
 def _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT: tl.constexpr,
                      SPLITS: tl.constexpr, W: tl.constexpr, HEAD: tl.constexpr,
-                     TAIL: tl.constexpr, CG: tl.constexpr = False):  # fmt: skip
+                     TAIL: tl.constexpr):  # fmt: skip
     """The combine's sums ``(acc [CH, W], l_i [CH], m_i [CH])`` of heads ``hh``, dims ``d0 ..``
     of (token, tile) ``pid`` from every split's (max, sum) and o partial, ``[splits, heads(,
     dims)]``, all loads in flight at once; each split weighted by 2^(its max - the common max),
@@ -465,10 +440,10 @@ def _combine_wide_tl(part_o_ptr, part_stat_ptr, pid, hh, d0, HT: tl.constexpr,
     read and summed (40 splits: 32 + 8, none, where one padded load took 64)."""
     cols = d0 + tl.arange(0, W)
     m_t, l_t, o_t = _split_rows_tl(part_o_ptr, part_stat_ptr, pid, 0, hh, cols, HT, SPLITS, HEAD,
-                                   HEAD, CG)  # fmt: skip
+                                   HEAD)  # fmt: skip
     if TAIL > 0:
         m_u, l_u, o_u = _split_rows_tl(part_o_ptr, part_stat_ptr, pid, HEAD, hh, cols, HT,
-                                       SPLITS, SPLITS - HEAD, TAIL, CG)  # fmt: skip
+                                       SPLITS, SPLITS - HEAD, TAIL)  # fmt: skip
         m_i = tl.maximum(tl.max(m_t, axis=0), tl.max(m_u, axis=0))
     else:
         m_i = tl.max(m_t, axis=0)
@@ -539,20 +514,6 @@ def mega_attention_combine_kernel(
     if TRACE:
         _stamp_now_tl(stamps, 5, pid)
         tl.store(stamps + 6, smid_tl(pid).to(tl.int64))
-
-
-_TICKETS: dict[torch.device, list[torch.Tensor]] = {}  # a device's fold tickets, newest last
-
-
-def fold_args(tiles: int, splits: int, device: torch.device) -> dict:
-    """The folded combine's launch arguments (``AttentionTuning.fold``): a zeroed ticket a
-    (token, tile), kept a device (its last program puts it back to 0, so graph replays need no
-    memset; grown before a graph is captured, outgrown ones kept for graphs that hold them), and
-    the splits' loads (``split_pieces``)."""
-    held = _TICKETS.setdefault(device, [])
-    if not held or held[-1].numel() < tiles:
-        held.append(torch.zeros(max(tiles, 64), dtype=torch.int32, device=device))
-    return {"ticket_ptr": held[-1], "FOLD": True, **split_pieces(splits)}
 
 
 def attention_alone(programs: int, sms: int, blocks_per_split: int = 1) -> bool:
@@ -635,7 +596,6 @@ class AttentionTuning:
     combine_heads: int = COMBINE_HEADS  # heads a combine program finishes: 1, 2, 4, 8 or 16
     combine_wide: bool = False  # the combine reads every split's partials in one load each
     key_block: int = KEY_BLOCK  # keys a dot covers: 16 or 32
-    fold: bool = False  # the last split of a (token, tile) combines: no second launch (A/B)
 
     def __post_init__(self):
         checks = {
@@ -671,6 +631,7 @@ def attention_tuning(
         qk_split=score_segments(head_tile_pairs(bucket_for(tokens), heads)),
         alone=attention_alone(tiles * splits, sms, keys_per_split // KEY_BLOCK),
         combine_wide=combine_wide(splits),
+        key_block=32 if tokens >= KEY_BLOCK_32_TOKENS else KEY_BLOCK,
     )
 
 
@@ -798,11 +759,10 @@ def mega_attention(
     xo_bytes = xo.view(torch.uint8)
     pdl = pdl_enabled(tokens) if pdl is None else pdl and current_platform().pdl
     early = records_ready and keys_per_split == tuning.key_block
-    fold = tuning.fold and splits > 1
     aligned = rows_aligned(window_cache, comp)
     trace = trace_buffer
     ch = tuning.combine_heads
-    programs = tiles * splits + (tiles * combine_programs(ch) if splits > 1 and not fold else 0)
+    programs = tiles * splits + (tiles * combine_programs(ch) if splits > 1 else 0)
     if trace is not None and (trace.dtype != torch.int64 or trace.device != device
                               or trace.shape[0] < programs
                               or tuple(trace.shape[1:]) != (TRACE_FIELDS,)):  # fmt: skip
@@ -828,9 +788,9 @@ def mega_attention(
         QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
         xo_deq_ptr=lse if xo_deq is None else xo_deq, XO_DEQ=xo_deq is not None,
-        **(fold_args(tiles, splits, device) if fold else {}), **pdl_launch_options(pdl),
+        **pdl_launch_options(pdl),
     )  # fmt: skip
-    if splits > 1 and not fold:
+    if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
         mega_attention_combine_kernel[grid](
             positions, attn_sink, cos, sin, xo_bytes, xo_codes, lse, part_o, part_stat,

@@ -109,15 +109,6 @@ GEMV_TAIL_BYTES = 32768
 TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
-# The MMA loop as one stream a program (GemmConfig.programs, Tuning.stream; an A/B choice): as
-# the H200 probe of one launch over the four projections streamed best (../shared/probes,
-# persistent_probe.py: 32 x 512 tiles, 3 programs a SM, 3 steps in flight: 2.08 TB/s with the
-# weights scaled to bf16 and a tl.dot); K steps narrow with the token tile to keep the bf16
-# activation's step at 16 KB.
-STREAM_PROGRAMS_PER_SM = 3
-STREAM_BLOCK_N = 32
-STREAM_STEP_BYTES = 16384
-STREAM_STAGES = 3
 
 
 @triton.jit
@@ -551,80 +542,6 @@ def mx_gemm_kernel(
         tl.store(at + 3, smid_tl(pid_n).to(tl.int64))
 
 
-@triton.jit
-def _stream_owner(x, TOTAL: tl.constexpr, PROGRAMS: tl.constexpr):
-    """The program whose share of the flattened (tile, K step) list holds step ``x``: program
-    ``p`` runs steps ``p TOTAL // PROGRAMS .. (p + 1) TOTAL // PROGRAMS``."""
-    return ((x + 1) * PROGRAMS + TOTAL - 1) // TOTAL - 1
-
-
-@triton.jit(do_not_specialize=["M"])
-def mx_stream_kernel(
-    a_ptr, w_ptr, w_codes_ptr, out_ptr, out8_ptr, out8_codes_ptr, out_deq_ptr, part_ptr,
-    ticket_ptr, M, stride_am, stride_om, stride_o8m, stride_o8cm, stride_odm,
-    N: tl.constexpr, K: tl.constexpr, N_PER_GROUP: tl.constexpr, QUANT_OUT: tl.constexpr,
-    DEQ_OUT: tl.constexpr, DOT_BF16: tl.constexpr, HW_E4M3: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROGRAMS: tl.constexpr, STAGES: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-):  # fmt: skip
-    """The MMA loop as one stream a program: the (N tile, K step) pairs of the whole GEMM in one
-    flattened list, program ``p`` running its contiguous share in one pipelined loop, so its
-    weight loads run ahead across tile boundaries (``STAGES`` in flight). The loop only stores
-    each tile's sum over its steps (tile ``t``'s by program ``q`` in slot ``t + q``: unique, as
-    a tile's programs are consecutive); after it, a tile one program ran whole gets its
-    epilogue, and of a tile's several programs the last to arrive (an acq_rel ticket it
-    resets) sums their slots in program order. No barrier or atomic inside the loop: either
-    stops Triton's pipeliner. ``a``: ``A_DEQ`` bf16."""
-    STEPS: tl.constexpr = K // BLOCK_K
-    TOTAL: tl.constexpr = (N // BLOCK_N) * STEPS
-    tl.static_assert(N % BLOCK_N == 0 and K % BLOCK_K == 0 and PROGRAMS <= TOTAL,
-                     "whole tiles, whole K steps and at least one step a program")  # fmt: skip
-    pid = tl.program_id(0)
-    lo = pid * TOTAL // PROGRAMS
-    hi = (pid + 1) * TOTAL // PROGRAMS
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    kk = tl.arange(0, BLOCK_K)
-    nn = tl.arange(0, BLOCK_N)
-    cells = rows[:, None] * BLOCK_N + nn[None, :]
-    SLOT: tl.constexpr = BLOCK_M * BLOCK_N
-    pdl_prologue_tl(USE_PDL)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for f in tl.range(lo, hi, num_stages=STAGES):
-        tile = f // STEPS
-        k0 = (f % STEPS) * BLOCK_K
-        n64 = (tile * BLOCK_N + nn).to(tl.int64)
-        w = _mx_tile(w_ptr, w_codes_ptr, n64, n64 < N, K, K // _MX, k0, BLOCK_N, BLOCK_K)
-        col = (tile * BLOCK_N // N_PER_GROUP) * K + k0 + kk
-        a = tl.load(a_ptr + rows[:, None] * stride_am + col[None, :], mask=row_ok[:, None],
-                    other=0.0)  # fmt: skip
-        if DOT_BF16:
-            acc = tl.dot(a, tl.trans(w.to(tl.bfloat16)), acc)
-        else:
-            acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
-        if k0 + BLOCK_K == K or f == hi - 1:  # the end of this program's part of the tile
-            tl.store(part_ptr + (tile + pid) * SLOT + cells, acc)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    tl.debug_barrier()
-    for tile in range(lo // STEPS, (hi - 1) // STEPS + 1):
-        first = _stream_owner(tile * STEPS, TOTAL, PROGRAMS)
-        last = _stream_owner(tile * STEPS + STEPS - 1, TOTAL, PROGRAMS)
-        mine = first == last
-        if not mine:
-            mine = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel", scope="gpu") == last - first
-        if mine:  # this program's tile, or the last of its programs to arrive
-            tl.debug_barrier()
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for q in range(first, last + 1):
-                acc += tl.load(part_ptr + (tile + q) * SLOT + cells,
-                               cache_modifier=".cg")  # fmt: skip
-            if first != last:
-                tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed", scope="gpu")
-            _store_out_tl(acc, rows, row_ok, tile * BLOCK_N, out_ptr, out8_ptr, out8_codes_ptr,
-                          out_deq_ptr, stride_om, stride_o8m, stride_o8cm, stride_odm, N,
-                          BLOCK_M, BLOCK_N, QUANT_OUT, DEQ_OUT, HW_E4M3)  # fmt: skip
-
-
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
     block_m: int
@@ -636,7 +553,6 @@ class GemmConfig:
     gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
     k_steps: int = 1  # K steps a CUDA-core program runs, unrolled
     k_tail: int = 0  # CUDA-core, split_k 1: K's last columns, one more tile (a power of two)
-    programs: int = 0  # > 0: the MMA loop as one stream a program (mx_stream_kernel, A_DEQ)
 
     @property
     def k_split(self) -> int:
@@ -763,21 +679,6 @@ def gemm_config(
     return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=2)
 
 
-def stream_config(m: int, n: int, k: int, *, sms: int) -> GemmConfig:
-    """Tiles of the MMA loop as one stream a program: ``STREAM_PROGRAMS_PER_SM`` programs a
-    SM (at least two K steps each), ``STREAM_BLOCK_N``-row tiles, K steps of ``STREAM_STEP_BYTES``
-    of activation (bf16 rows of the bucket's tile) and ``STREAM_STAGES`` steps in flight."""
-    block_m = block_m_for(bucket_for(m))
-    cap = STREAM_STEP_BYTES // (2 * block_m)
-    if current_platform().kind == "rocm":
-        cap = min(cap, ROCM_BLOCK_K_MAX)
-    block_k = _pow2_dividing(k, cap)
-    total = (n // STREAM_BLOCK_N) * (k // block_k)
-    programs = max(1, min(int(STREAM_PROGRAMS_PER_SM * sms), total // 2))
-    return GemmConfig(block_m, STREAM_BLOCK_N, block_k, 1, num_warps=4, num_stages=STREAM_STAGES,
-                      programs=programs)  # fmt: skip
-
-
 class Scratch:
     """Split-K scratch of one device: fp32 partials and self-resetting tickets, grown on demand.
 
@@ -844,35 +745,6 @@ class NormInput:
     qr: torch.Tensor  # bf16 [M, K] (a view of the Wqkv output: its first q_rank columns)
     weight: torch.Tensor  # bf16 [K]
     eps: float
-
-
-def _stream(mode, a, w, w_scale, out, out8, out_deq, n_per_group: int, cfg: GemmConfig,
-            scratch: Scratch | None, pdl: bool | None) -> None:
-    """``mx_gemm``'s launch of ``mx_stream_kernel`` (``cfg.programs`` > 0), arguments checked."""
-    (m, n), k = out.shape, w.shape[1]
-    steps = (n // cfg.block_n) * (k // cfg.block_k) if n % cfg.block_n == 0 else 0
-    if (mode != A_DEQ or cfg.gemv or cfg.split_k != 1 or m > cfg.block_m or not steps
-            or k % cfg.block_k or n_per_group % cfg.block_n or cfg.programs > steps):
-        raise ValueError(
-            f"config: a stream (programs > 0) runs the MMA loop on a Dequantized a of at most "
-            f"block_m tokens, whole tiles and K steps and at most one program a step, got "
-            f"{'a Dequantized a' if mode == A_DEQ else 'another a'}, {m} tokens and {cfg}"
-        )
-    part, tickets = (scratch or scratch_for("default")).get(
-        (n // cfg.block_n + cfg.programs) * cfg.block_m * cfg.block_n, n // cfg.block_n,
-        out.device,
-    )
-    pdl = pdl_enabled(m) if pdl is None else pdl and current_platform().pdl
-    o8v, o8c = out8 if out8 is not None else (out, out)
-    mx_stream_kernel[(cfg.programs,)](
-        a, w, w_scale, out, o8v, o8c, out_deq if out_deq is not None else out, part, tickets, m,
-        a.stride(0), out.stride(0), o8v.stride(0), o8c.stride(0),
-        out_deq.stride(0) if out_deq is not None else 0,
-        N=n, K=k, N_PER_GROUP=n_per_group, QUANT_OUT=out8 is not None,
-        DEQ_OUT=out_deq is not None, DOT_BF16=not interpreting(), HW_E4M3=not interpreting(),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PROGRAMS=cfg.programs,
-        STAGES=cfg.num_stages, USE_PDL=pdl, num_warps=cfg.num_warps, **pdl_launch_options(pdl),
-    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1021,9 +893,6 @@ def mx_gemm(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
             f"((block_k * k_steps + k_tail) * split_k = {k}), got {cfg}"
         )
-    if cfg.programs:
-        _stream(mode, a_val, w, w_scale, out, out8, out_deq, n_per_group, cfg, scratch, pdl)
-        return out
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, triton.cdiv(m, cfg.block_m))
     trace = scratch.trace if scratch is not None else None
     if trace is not None and (trace.dtype != torch.int64 or trace.shape[0] < math.prod(grid)
