@@ -85,13 +85,6 @@ MUTATIONS = (
         "attention no longer waits for every token's record to be inserted",
     ),
     Mutation(
-        "mono_ahead_wrong_block", "dsv41/amd/mono/kernel.py",
-        "ws_stride, k0 + 5 * BK, K, BK)",
-        "ws_stride, k0 + 4 * BK, K, BK)",
-        ("tests/amd/test_mono_kernel.py", "-k", "five_blocks_ahead"),
-        "5 blocks ahead, each K step loads the block 4 ahead, not 5: blocks twice, the last never",
-    ),
-    Mutation(
         "nvidia_a_deq_group_ignored", "dsv41/nvidia/ops/mx_gemm.py",
         "stride_am + (group * K + k)[None, :],",
         "stride_am + k[None, :],",

@@ -75,7 +75,7 @@ def test_variants_parse_to_their_fields_types():
     ("nvidia:pdl", "nvidia", "expected FIELD=VALUE after nvidia:, got 'pdl'"),
     ("nvidia:wo_a=1", "nvidia", "attention.{splits, keys_per_split, qk_split"),
     ("nvidia:wo_a.block_z=1", "nvidia", "{wqkv, wq_b, wo_a, wo_b}.{block_m, block_n, block_k"),
-    ("mono:gemv_tile=1", "mono", "(gemv_block, gemv_cores, gemv_words, gemv_pairs, gemv_ahead"),
+    ("mono:gemv_tile=1", "mono", "(gemv_block, gemv_cores, gemv_words, gemv_pairs, mma_split"),
     ("nvidia:pdl=yes", "nvidia", "nvidia pdl: expected 0, 1, true or false, got 'yes'"),
     ("nvidia:attention.splits=4.5", "nvidia", "attention.splits: expected an int, got '4.5'"),
     ("mono:mma_split=auto", "mono", "mono mma_split: expected an int or None, got 'auto'"),

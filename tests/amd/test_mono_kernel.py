@@ -173,32 +173,6 @@ def _against_executor_and_reference(
     return runner
 
 
-@pytest.mark.parametrize("tokens", [1, pytest.param(3, marks=pytest.mark.slow)])
-def test_five_blocks_ahead_equal_three(tokens: int, tiny_layer, run_mono) -> None:
-    """Weight words kept 5 blocks ahead (Tuning.gemv_ahead) give y, every scratch region and
-    the window cache of 3 bit for bit: only when a block is loaded moves. In GEMV blocks of 32
-    columns Wqkv's K half (8 blocks) and a wo_a part (32) outrun both windows, which roll and
-    then drain past K; wq_b (4) and wo_b (2) are whole in flight before the wait with 5. One
-    token runs wq_b and wo_b in pairs, 3 tokens (4 rows, one dead) one task at a time."""
-    lw = tiny_layer(4, 1, 512)
-    sc = make_scenario(lw.dims, 1, tokens, seed=tokens)
-    runs = {}
-    for ahead in (3, 5):
-        tuning = resolve(lw.dims, tokens, gemv_block=32, gemv_ahead=ahead)
-        runner = MonoRunner(lw, tokens, epoch=5, tuning=tuning)
-        assert runner.plan.tiling["GEMV_WORDS"] and runner.plan.tiling["GEMV_AHEAD"] == ahead
-        assert runner.plan.tiling["GEMV_PAIRS"] == (tokens == 1)
-        assert min(runner.plan.tiling[k] for k in ("BK_X", "BK_QR", "BK_GK", "BK_OR")) == 32
-        kernel_sc = sc.clone_caches()
-        runs[ahead] = runner, run_mono(runner, kernel_sc), kernel_sc
-    (three, seams3, sc3), (five, seams5, sc5) = runs[3], runs[5]
-    for name, region in three.plan.regions.items():
-        got, want = region.view(five.scratch, tokens), region.view(three.scratch, tokens)
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
-    assert torch.equal(sc5.window_cache.data, sc3.window_cache.data)
-    assert torch.equal(seams5["y"], seams3["y"])
-
-
 @pytest.mark.parametrize("tp, layer_id, tokens, gemv_block",
                          [(4, 1, 5, None), pytest.param(2, 2, 8, 32, marks=pytest.mark.slow)])
 def test_dequantized_activations_change_no_bit(

@@ -30,7 +30,6 @@ from dsv41.amd.mono.tuning import (
     A_DEQUANTIZED,
     CORES_TOKENS,
     FEW_TOKENS,
-    GEMV_AHEAD,
     GEMV_BLOCK,
     GEMV_BLOCK_FEW,
     KEY_SLICE,
@@ -352,16 +351,6 @@ def test_woa_parts_are_checked() -> None:
             resolve(dims, 1, woa_parts=bad)
     with pytest.raises(ValueError, match="woa_parts: expected 1, 2, 4 or 8 parts"):
         Plan(dims, 1, woa_parts=16)
-
-
-def test_gemv_ahead_is_checked() -> None:
-    dims = Dims.of("dsv41-flash", 4)
-    assert resolve(dims, 1).gemv_ahead == GEMV_AHEAD == 3
-    assert Plan(dims, 1).tiling["GEMV_AHEAD"] == 3
-    assert Plan(dims, 1, tuning=resolve(dims, 1, gemv_ahead=5)).tiling["GEMV_AHEAD"] == 5
-    for bad in (4, 2):
-        with pytest.raises(ValueError, match=f"mono Tuning.gemv_ahead: expected 3 or 5, got {bad}"):
-            resolve(dims, 1, gemv_ahead=bad)
 
 
 def test_warps_are_checked() -> None:

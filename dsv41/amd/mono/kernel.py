@@ -19,9 +19,9 @@ launch is read with ``.cg`` loads, and only after every producer of each
 128-B line it touches is done: a GEMV's 4-byte code loads may become
 ``cp.async.ca`` copies that fill L1 anyway (plan.py, "Cache lines").
 
-A GEMV task loads its first two weight blocks (three on CUDA cores, ``GEMV_AHEAD`` on
-weight words) before it waits on its activations and keeps loading that many blocks ahead of
-its multiplies, so weight streaming overlaps the hand-off latency. With
+A GEMV task loads its first two weight blocks (three on CUDA cores) before it waits on its
+activations and keeps loading that many blocks ahead of its multiplies, so weight streaming
+overlaps the hand-off latency. With
 ``GEMV_PAIRS`` a one-token wq_b or wo_b task takes its program's next ticket
 before it starts and, when that is a task of the same stage, runs both as one
 GEMV; else the program holds the ticket for its next turn. Holding keeps the
@@ -316,21 +316,17 @@ def _by_weight(v, TB: tl.constexpr):
 @triton.jit
 def _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
                 seen, tag, spin_limit, ctl_ptr, ticket, TB: tl.constexpr, K: tl.constexpr,
-                BK: tl.constexpr, PTX: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
+                BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
     """``_gemv`` of TB token rows (S live) on CUDA cores for the weight rows ``rows`` with the
-    weights in flight as int32 words (``_weight_words``; AHEAD blocks ahead, 3 or 5, the first
-    AHEAD before the wait) and the activations one block ahead: each word's four products
-    summed, times both scales, added to the (token, word) lane; the lanes summed once, after the
-    loop. Returns ``(acc [TB, len(rows)], ok)``."""
-    tl.static_assert((AHEAD == 3) or (AHEAD == 5), "weight words: 3 or 5 blocks ahead")
+    weights in flight as int32 words (``_weight_words``; 3 blocks ahead, the first 3 before the
+    wait) and the activations one block ahead: each word's four products summed, times both
+    scales, added to the (token, word) lane; the lanes summed once, after the loop. Returns
+    ``(acc [TB, len(rows)], ok)``."""
     ROWS: tl.constexpr = rows.shape[0]
     BLOCKS: tl.constexpr = BK // MX
     w0, ws0 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 0, K, BK)
     w1, ws1 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, BK, K, BK)
     w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 2 * BK, K, BK)
-    if AHEAD == 5:
-        w3, ws3 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 3 * BK, K, BK)
-        w4, ws4 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, 4 * BK, K, BK)
     ok = ticket >= 0
     if box_ptr.to(tl.int64) != seen:
         ok = _wait(box_ptr, tag, spin_limit, ctl_ptr, ticket)
@@ -344,12 +340,7 @@ def _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_st
         w_scale = _by_weight(_per_word(e8m0_scale_tl(ws0.to(tl.int32)), ROWS, BLOCKS), TB)
         w0, ws0 = w1, ws1
         w1, ws1 = w2, ws2
-        if AHEAD == 3:
-            w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0 + 3 * BK, K, BK)
-        else:
-            w2, ws2 = w3, ws3
-            w3, ws3 = w4, ws4
-            w4, ws4 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0 + 5 * BK, K, BK)
+        w2, ws2 = _weight_words(w_ptr, ws_ptr, rows, w_stride, ws_stride, k0 + 3 * BK, K, BK)
         lanes += (v0 * a0 + v1 * a1 + v2 * a2 + v3 * a3) * (w_scale * a_scale)
     if TB > 1:
         acc = tl.sum(lanes, axis=2)
@@ -361,15 +352,14 @@ def _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, rows, w_stride, ws_st
 @triton.jit
 def _gemv_pair(a_ptr, as_ptr, w_ptr, ws_ptr, row_a, row_b, w_stride, ws_stride, box_ptr, seen,
                tag, spin_limit, ctl_ptr, ticket, ROWS: tl.constexpr, K: tl.constexpr,
-               BK: tl.constexpr, PTX: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
+               BK: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
     """Two one-token GEMV tasks of a stage at once, weight rows ``row_a ..`` and ``row_b ..``
     (ROWS each) against the same activation: ``_gemv_words`` over both tasks' rows, so both
     tasks' weights are in flight before the one wait. Returns ``(acc_a, acc_b, ok)``."""
     r = tl.arange(0, 2 * ROWS)
     rows = tl.where(r < ROWS, row_a + r, row_b + r - ROWS)
     acc, ok = _gemv_words(a_ptr, as_ptr, 0, 1, w_ptr, ws_ptr, rows, w_stride, ws_stride, box_ptr,
-                          seen, tag, spin_limit, ctl_ptr, ticket, 1, K, BK, PTX,
-                          AHEAD)  # fmt: skip
+                          seen, tag, spin_limit, ctl_ptr, ticket, 1, K, BK, PTX)  # fmt: skip
     halves = tl.reshape(acc, (2, ROWS))
     first = (tl.arange(0, 2) == 0)[:, None]
     acc_a = tl.sum(tl.where(first, halves, 0.0), axis=0)[None, :]
@@ -390,15 +380,15 @@ def _gemv(
     box_ptr, seen, tag, spin_limit, ctl_ptr, ticket,
     ROWS: tl.constexpr, K: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr, SPLIT: tl.constexpr,
-    AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
+    A_DEQ: tl.constexpr,
 ):
     """``acc [TB, ROWS] = dequant(a[:S, :K]) @ dequant(w[:ROWS, :K])^T`` after waiting on ``box``,
     unless its address is ``seen``: the mailbox this program's previous GEMV task waited on
     stays full for the rest of the launch, and that wait's acquire already ordered this program.
 
-    The first two weight blocks (three with ``CORES``, ``AHEAD`` with ``WORDS``) are loaded
-    before the wait; each later one as many blocks ahead of its multiply, so weights stream
-    through the wait and the loop (they are read once: evict first). Returns ``(acc, ok)``.
+    The first two weight blocks (three with ``CORES``) are loaded before the wait; each later
+    one as many blocks ahead of its multiply, so weights stream through the wait and the loop
+    (they are read once: evict first). Returns ``(acc, ok)``.
 
     A K block is multiplied on tensor cores (both operands dequantized, TB token rows; with
     ``A_DEQ`` the activation block is loaded as the bf16 its producer dequantized, ``ad`` in
@@ -416,7 +406,7 @@ def _gemv(
         tl.static_assert(CORES, "weight words: tokens on CUDA cores")
         return _gemv_words(a_ptr, as_ptr, a_stride, S, w_ptr, ws_ptr, tl.arange(0, ROWS), w_stride,
                            ws_stride, box_ptr, seen, tag, spin_limit, ctl_ptr, ticket, TB, K, BK,
-                           PTX, AHEAD)  # fmt: skip
+                           PTX)  # fmt: skip
     k = tl.arange(0, BK)
     kb = tl.arange(0, BK // MX)
     tok = tl.arange(0, TB)
@@ -688,7 +678,7 @@ def _wqkv_task(
     t, i, x8_ptr, x8s_ptr, x8d_ptr, xrdy_ptr, qkvp_ptr, w_ptr, ws_ptr, S, cap, seen, tag,
     spin_limit, ctl_ptr, HIDDEN: tl.constexpr, QKV_ROWS: tl.constexpr, TB: tl.constexpr,
     BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """``qkvp[half, :, rows] = x8[:, half] @ Wqkv[rows, half]^T``, 16 rows."""
     TILES: tl.constexpr = QKV_ROWS // WQKV_ROWS
@@ -699,7 +689,7 @@ def _wqkv_task(
         x8_ptr + col0, x8s_ptr + col0 // MX, x8d_ptr + col0, HIDDEN, S,
         w_ptr + row0 * HIDDEN + col0, ws_ptr + row0 * (HIDDEN // MX) + col0 // MX,
         HIDDEN, HIDDEN // MX, xrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD, A_DEQ,
+        WQKV_ROWS, HIDDEN // 2, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, A_DEQ,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WQKV_ROWS)
@@ -715,7 +705,7 @@ def _wqb_task(
     rope_rows, S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, TB: tl.constexpr,
     BK: tl.constexpr, EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """Fused-Q rows ``16 i ..`` (chunk ``i // heads`` of head ``i % heads``):
     ``q = rope(bf16(qx8 @ wq_b^T))``."""
@@ -723,7 +713,7 @@ def _wqb_task(
         qx8_ptr, qx8s_ptr, qx8d_ptr, Q_RANK, S,
         w_ptr + i * WQB_ROWS * Q_RANK, ws_ptr + i * WQB_ROWS * (Q_RANK // MX),
         Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD, A_DEQ,
+        WQB_ROWS, Q_RANK, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, A_DEQ,
     )
     _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE, HEADS,
              TB)  # fmt: skip
@@ -735,12 +725,12 @@ def _wqb_pair(
     t, i, i2, qx8_ptr, qx8s_ptr, qrdy_ptr, q_ptr, w_ptr, ws_ptr, pos_ptr, cos_ptr, sin_ptr,
     rope_rows, S, seen, tag, spin_limit, ctl_ptr,
     Q_RANK: tl.constexpr, NOPE: tl.constexpr, HEADS: tl.constexpr, BK: tl.constexpr,
-    PTX: tl.constexpr, AHEAD: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """wq_b tasks ``i`` and ``i2`` of one token at once (``_gemv_pair``)."""
     acc, acc2, ok = _gemv_pair(qx8_ptr, qx8s_ptr, w_ptr, ws_ptr, i * WQB_ROWS, i2 * WQB_ROWS,
                                Q_RANK, Q_RANK // MX, qrdy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-                               WQB_ROWS, Q_RANK, BK, PTX, AHEAD)  # fmt: skip
+                               WQB_ROWS, Q_RANK, BK, PTX)  # fmt: skip
     _wqb_out(i, acc, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE, HEADS,
              1)  # fmt: skip
     _wqb_out(i2, acc2, ok, qrdy_ptr, q_ptr, pos_ptr, cos_ptr, sin_ptr, rope_rows, S, tag, NOPE,
@@ -775,7 +765,7 @@ def _woa_task(
     HEADS: tl.constexpr, O_RANK: tl.constexpr, GROUP_K: tl.constexpr, O_ROWS: tl.constexpr,
     PARTS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr,
     CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """wo_a rows ``32 block ..`` of group ``32 block // o_rank``, K part ``part`` of PARTS;
     the block's last part: ``z = bf16(sum of the parts)``, ``x8b = mxfp8(z)`` (with ``A_DEQ``
@@ -791,7 +781,7 @@ def _woa_task(
         xo_ptr + col0, xos_ptr + col0 // MX, xod_ptr + col0, HEADS * HEAD_DIM, S,
         w_ptr + row0 * GROUP_K + part * KP, ws_ptr + row0 * (GROUP_K // MX) + part * (KP // MX),
         GROUP_K, GROUP_K // MX, box, seen, tag, spin_limit, ctl_ptr, t,
-        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD, A_DEQ,
+        WOA_ROWS, KP, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, A_DEQ,
     )
     tok = tl.arange(0, TB)
     r = tl.arange(0, WOA_ROWS)
@@ -825,14 +815,14 @@ def _wob_task(
     t, i, x8b_ptr, x8bs_ptr, x8bd_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit,
     ctl_ptr, HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, TB: tl.constexpr, BK: tl.constexpr,
     EXACT: tl.constexpr, CORES: tl.constexpr, WORDS: tl.constexpr,
-    PTX: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr, A_DEQ: tl.constexpr,
+    PTX: tl.constexpr, SPLIT: tl.constexpr, A_DEQ: tl.constexpr,
 ):
     """y rows ``16 i ..``: ``y = bf16(x8b @ wo_b^T)``."""
     acc, ok = _gemv(
         x8b_ptr, x8bs_ptr, x8bd_ptr, O_ROWS, S,
         w_ptr + i * WOB_ROWS * O_ROWS, ws_ptr + i * WOB_ROWS * (O_ROWS // MX), O_ROWS, O_ROWS // MX,
         ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, AHEAD, A_DEQ,
+        WOB_ROWS, O_ROWS, TB, BK, EXACT, CORES, WORDS, PTX, SPLIT, A_DEQ,
     )
     _wob_out(i, acc, y_ptr, S, HIDDEN, TB)
     return ok, ardy_ptr.to(tl.int64)
@@ -842,12 +832,11 @@ def _wob_task(
 def _wob_pair(
     t, i, i2, x8b_ptr, x8bs_ptr, ardy_ptr, y_ptr, w_ptr, ws_ptr, S, seen, tag, spin_limit, ctl_ptr,
     HIDDEN: tl.constexpr, O_ROWS: tl.constexpr, BK: tl.constexpr, PTX: tl.constexpr,
-    AHEAD: tl.constexpr,
 ):
     """wo_b tasks ``i`` and ``i2`` of one token at once (``_gemv_pair``)."""
     acc, acc2, ok = _gemv_pair(x8b_ptr, x8bs_ptr, w_ptr, ws_ptr, i * WOB_ROWS, i2 * WOB_ROWS,
                                O_ROWS, O_ROWS // MX, ardy_ptr, seen, tag, spin_limit, ctl_ptr, t,
-                               WOB_ROWS, O_ROWS, BK, PTX, AHEAD)  # fmt: skip
+                               WOB_ROWS, O_ROWS, BK, PTX)  # fmt: skip
     _wob_out(i, acc, y_ptr, S, HIDDEN, 1)
     _wob_out(i2, acc2, y_ptr, S, HIDDEN, 1)
     return ok, ardy_ptr.to(tl.int64)
@@ -905,8 +894,7 @@ def mono_kernel(
     TB: tl.constexpr, BK_X: tl.constexpr, BK_QR: tl.constexpr, BK_GK: tl.constexpr,
     BK_OR: tl.constexpr, EXACT: tl.constexpr, GEMV_CORES: tl.constexpr = False,
     TRACE: tl.constexpr = False, GEMV_WORDS: tl.constexpr = False, CVT_PTX: tl.constexpr = False,
-    MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False, GEMV_AHEAD: tl.constexpr = 3,
-    A_DEQ: tl.constexpr = False,
+    MMA_SPLIT: tl.constexpr = 1, GEMV_PAIRS: tl.constexpr = False, A_DEQ: tl.constexpr = False,
 ):
     """One layer step: take tickets until ``end_wob`` (the task count) or an error, a loop a
     stage.
@@ -914,8 +902,8 @@ def mono_kernel(
     With ``TRACE`` each task's start and end (``%globaltimer``, waits included) and
     the program that ran it go to ``trace[ticket]`` (NVIDIA only; not in the interpreter).
     ``GEMV_WORDS`` (with ``GEMV_CORES``): the GEMV tasks hold their weights as int32 words
-    (``_gemv_words``, ``GEMV_AHEAD`` blocks in flight), converted with PTX when ``CVT_PTX``
-    (NVIDIA, not the interpreter).
+    (``_gemv_words``, 3 blocks in flight), converted with PTX when ``CVT_PTX`` (NVIDIA, not
+    the interpreter).
     ``GEMV_PAIRS`` (one token, with ``GEMV_WORDS``): a wq_b or wo_b task takes its program's
     next ticket before it starts; when that ticket is a task of the same stage both run as
     one (``_gemv_pair``), else the next ticket is held for the next turn of the loop.
@@ -954,7 +942,7 @@ def mono_kernel(
                 ok, seen = _wqkv_task(t, t - end_xq, x8_ptr, x8s_ptr, x8d_ptr, xrdy_ptr, qkvp_ptr,
                                       wqkv_ptr, wqkv_s_ptr, S, cap, seen, tag, spin_limit,
                                       ctl_ptr, HIDDEN, QKV_ROWS, TB, BK_X, EXACT, GEMV_CORES,
-                                      GEMV_WORDS, CVT_PTX, MMA_SPLIT, GEMV_AHEAD, A_DEQ)
+                                      GEMV_WORDS, CVT_PTX, MMA_SPLIT, A_DEQ)
             elif STAGE == 2:
                 ok = _wait(xrdy_ptr + 2, tag, spin_limit, ctl_ptr, t)
                 if ok:
@@ -967,13 +955,13 @@ def mono_kernel(
                     ok, seen = _wqb_pair(t, t - end_norm, paired - end_norm, qx8_ptr, qx8s_ptr,
                                          qrdy_ptr, q_ptr, wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr,
                                          sin_ptr, rope_rows, S, seen, tag, spin_limit, ctl_ptr,
-                                         Q_RANK, NOPE, HEADS, BK_QR, CVT_PTX, GEMV_AHEAD)
+                                         Q_RANK, NOPE, HEADS, BK_QR, CVT_PTX)
                 else:
                     ok, seen = _wqb_task(t, t - end_norm, qx8_ptr, qx8s_ptr, qx8d_ptr, qrdy_ptr,
                                          q_ptr, wqb_ptr, wqb_s_ptr, pos_ptr, cos_ptr, sin_ptr,
                                          rope_rows, S, seen, tag, spin_limit, ctl_ptr, Q_RANK,
                                          NOPE, HEADS, TB, BK_QR, EXACT, GEMV_CORES, GEMV_WORDS,
-                                         CVT_PTX, MMA_SPLIT, GEMV_AHEAD, A_DEQ)
+                                         CVT_PTX, MMA_SPLIT, A_DEQ)
             elif STAGE == 4:
                 i = t - end_wqb
                 s = i // (HEAD_TILES * CHUNKS)
@@ -1001,18 +989,17 @@ def mono_kernel(
                                      z_ptr, woa_ptr, woa_s_ptr, S, cap, seen, tag, spin_limit,
                                      ctl_ptr, HEADS, O_RANK, GROUP_K, O_ROWS, WOA_PARTS, TB,
                                      BK_GK, EXACT, GEMV_CORES, GEMV_WORDS, CVT_PTX, MMA_SPLIT,
-                                     GEMV_AHEAD, A_DEQ)
+                                     A_DEQ)
             else:
                 if pair:
                     ok, seen = _wob_pair(t, t - end_woa, paired - end_woa, x8b_ptr, x8bs_ptr,
                                          ardy_ptr, y_ptr, wob_ptr, wob_s_ptr, S, seen, tag,
-                                         spin_limit, ctl_ptr, HIDDEN, O_ROWS, BK_OR, CVT_PTX,
-                                         GEMV_AHEAD)
+                                         spin_limit, ctl_ptr, HIDDEN, O_ROWS, BK_OR, CVT_PTX)
                 else:
                     ok, seen = _wob_task(t, t - end_woa, x8b_ptr, x8bs_ptr, x8bd_ptr, ardy_ptr,
                                          y_ptr, wob_ptr, wob_s_ptr, S, seen, tag, spin_limit,
                                          ctl_ptr, HIDDEN, O_ROWS, TB, BK_OR, EXACT, GEMV_CORES,
-                                         GEMV_WORDS, CVT_PTX, MMA_SPLIT, GEMV_AHEAD, A_DEQ)
+                                         GEMV_WORDS, CVT_PTX, MMA_SPLIT, A_DEQ)
             if TRACE:
                 ended = globaltimer_tl(t)
                 _trace(trace_ptr, t, started, ended)

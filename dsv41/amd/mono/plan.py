@@ -230,9 +230,8 @@ class Plan:
     def tiling(self) -> dict[str, int | bool]:
         """The kernel's GEMV constexprs for this plan: the K block of each GEMV (``BK_X`` a
         Wqkv K half and an xq task, ``BK_QR`` wq_b, ``BK_GK`` a wo_a K part, ``BK_OR`` wo_b),
-        ``A_DEQ``, ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS``, ``GEMV_AHEAD`` and
-        ``MMA_SPLIT``, from
-        the plan's ``tuning``, so the task tables and the launches built from one plan always
+        ``A_DEQ``, ``GEMV_CORES``, ``GEMV_WORDS``, ``GEMV_PAIRS`` and ``MMA_SPLIT``, from the
+        plan's ``tuning``, so the task tables and the launches built from one plan always
         agree."""
         m, d, t = self.dims.model, self.dims, self.tuning
         blocks = {
@@ -255,7 +254,6 @@ class Plan:
             "GEMV_CORES": t.gemv_cores,
             "GEMV_WORDS": t.gemv_words,
             "GEMV_PAIRS": t.gemv_pairs,
-            "GEMV_AHEAD": t.gemv_ahead,
             "MMA_SPLIT": split,
         }
 

@@ -23,11 +23,6 @@ FEW_TOKENS = 16
 # faster than tensor cores up to 4 tokens on the H200 (tp 4, M = 1: 94.2 against 173.0 us; with
 # weight words M = 4 105.2 against 122.6); 8 tokens spill.
 CORES_TOKENS = 4
-# Weight blocks a GEMV on weight words keeps in flight, the first GEMV_AHEAD loaded before its
-# wait (kernel.py, _gemv_words): 3 or 5. A one-token Wqkv task (5 blocks of 512) is bound by
-# bytes in flight, its last two blocks a round trip behind the first three with 3; 5 puts a
-# whole Wqkv task and a wo_b pair in flight before the wait. 3 until an H200 run times 5.
-GEMV_AHEAD = 3
 # wo_a's K (group_k) runs in WOA_K_PARTS parts, a task each:
 # 32-row tasks over the whole K were 64 tasks of 128 KB at tp 4, for 132 programs.
 WOA_K_PARTS = 4
@@ -69,7 +64,6 @@ class Tuning:
     gemv_cores: bool  # GEMV blocks multiplied on CUDA cores (else tensor cores)
     gemv_words: bool  # CUDA-core weight blocks held as int32 words (with gemv_cores only)
     gemv_pairs: bool  # one token's wq_b / wo_b tasks two at once (with gemv_words, 1 token)
-    gemv_ahead: int  # weight blocks a GEMV on weight words keeps in flight: 3 or 5
     mma_split: int | None  # K segments of a tensor-core block (1, 2, 4, 8); None: the plan picks
     woa_parts: int  # K parts of a wo_a task: 1, 2, 4 or 8
     key_chunk: int  # keys of an attention task, at most (the plan takes <= keys / 2)
@@ -84,7 +78,6 @@ class Tuning:
                            "a power of two 32 .. 1024"),
             "gemv_words": (self.gemv_cores or not self.gemv_words, "False on tensor cores"),
             "gemv_pairs": (self.gemv_words or not self.gemv_pairs, "False without gemv_words"),
-            "gemv_ahead": (self.gemv_ahead in (3, 5), "3 or 5"),
             "a_dequantized": (not (self.gemv_cores and self.a_dequantized),
                               "False with gemv_cores (tensor-core GEMV blocks read it)"),
             "mma_split": (self.mma_split in (None, 1, 2, 4, 8), "None, 1, 2, 4 or 8"),
@@ -117,7 +110,6 @@ def resolve(dims: Dims, tokens: int, platform: Platform | None = None, **changes
         gemv_cores=cores,
         gemv_words=words(cores),
         gemv_pairs=PAIRS and tokens == 1 and cores,
-        gemv_ahead=GEMV_AHEAD,
         mma_split=1 if cores else None,
         woa_parts=WOA_K_PARTS,
         key_chunk=KEY_CHUNK,
