@@ -72,7 +72,9 @@ class Tuning:
         out.append(("attention", f"splits {a.splits} x {a.keys_per_split} keys, qk_split "
                                  f"{a.qk_split}, alone {a.alone}, combine {a.combine_heads} "
                                  f"heads{' wide' if a.combine_wide else ''}, "
-                                 f"{a.key_block}-key dots"))  # fmt: skip
+                                 f"{a.key_block}-key dots"
+                                 + (f", {a.max_registers} registers" if a.max_registers
+                                    else "")))  # fmt: skip
         return out
 
     def dequantized(self, site: str) -> bool:

@@ -32,6 +32,7 @@ from dsv41.nvidia.ops.mega_attention import (
     combine_wide,
     mega_attention,
     prefetch_records,
+    register_cap,
     rows_aligned,
     score_segments,
     split_pieces,
@@ -352,14 +353,14 @@ SM90_ATTENTION = r"""
 import json, re, sys
 from sm90 import sm90_ptx
 from dsv41.nvidia.ops.mega_attention import mega_attention_kernel as fn
-def attention_ptx(**over):
+def attention_ptx(options=None, **over):
     consts = dict(H=16, G=8, KEYS=640, FMT=0, WIN_BLOCK=32, COMP_BLOCK=64, HT=16, BK=16,
                   KEYS_PER_SPLIT=80, SPLITS=8, DOT_BF16=True, USE_PDL=False, EARLY=False,
                   ALIGNED=True, PREFETCH=False, SPLIT_PAD=128, QK_SPLIT=4, TRACE=False)
     kinds = {"q_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*i32", "sink_ptr": "*fp32",
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
              "part_stat_ptr": "*fp32", "qk_scale": "fp32", "trace_ptr": "*i64"}
-    return sm90_ptx(fn, {**consts, **over}, kinds, num_warps=4)
+    return sm90_ptx(fn, {**consts, **over}, kinds, num_warps=4, **(options or {}))
 """
 
 SM90_PREFETCH = SM90_ATTENTION + r"""
@@ -386,6 +387,29 @@ def test_record_prefetch_compiles_for_sm90(fmt):
     assert on["size"] == (["576"] if fmt == "fp8_ds_mla" else ["528"]), on
     assert on["line"] == (1 if fmt == "fp8_ds_mla" else 0), on
     assert off["bulk"] == 0 and off["line"] == 0, off
+
+
+SM90_CAP = SM90_ATTENTION + r"""
+from dsv41.common.platform import parse_target, targeting
+from dsv41.nvidia.ops.mega_attention import register_cap
+with targeting(parse_target("sm90")):
+    cap = register_cap(168)
+ptx = attention_ptx(options=cap)
+print(json.dumps({"cap": cap, "maxnreg": re.findall(r"\.maxnreg (\d+)", ptx)}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
+def test_register_cap_reaches_the_sm90_code():
+    """``AttentionTuning.max_registers``: on SM90 the launch option ``maxnreg``, which the
+    compiled code declares; no option on ROCm or under the interpreter; out of range refused."""
+    got = ptx_facts(SM90_CAP)
+    assert got == {"cap": {"maxnreg": 168}, "maxnreg": ["168"]}, got
+    with targeting(parse_target("gfx950")):
+        assert register_cap(168) == {}
+    assert register_cap(0) == {}
+    with pytest.raises(ValueError, match=r"AttentionTuning.max_registers: expected 0 or 64"):
+        dataclasses.replace(attention_tuning(1, 16, 640, 132), max_registers=32)
 
 
 SM90_TRACE = SM90_ATTENTION + r"""

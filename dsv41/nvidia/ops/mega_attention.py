@@ -525,6 +525,12 @@ def attention_alone(programs: int, sms: int, blocks_per_split: int = 1) -> bool:
     return not interpreting() and programs <= int(sms // share)
 
 
+def register_cap(registers: int) -> dict[str, int]:
+    """The launch option capping a thread's registers at ``registers`` (0: none): NVIDIA's
+    ``maxnreg`` where the platform compiles PTX, nothing elsewhere."""
+    return {"maxnreg": registers} if registers and current_platform().ptx else {}
+
+
 def split_pieces(splits: int) -> dict[str, int]:
     """The wide combine's loads of ``splits`` splits: a power of two (``SPLIT_HEAD``) and the
     rest padded to a power of two (``SPLIT_TAIL``, 0 when none is left)."""
@@ -596,12 +602,18 @@ class AttentionTuning:
     combine_heads: int = COMBINE_HEADS  # heads a combine program finishes: 1, 2, 4, 8 or 16
     combine_wide: bool = False  # the combine reads every split's partials in one load each
     key_block: int = KEY_BLOCK  # keys a dot covers: 16 or 32
+    # Registers a thread at most (0: the compiler's choice; NVIDIA only, ignored elsewhere): a
+    # cap lets more programs share a SM (an A/B choice: SM90, M = 48, 16-key dots in 4
+    # segments hold 168 without a spill, 3 programs a SM, against 188, 2)
+    max_registers: int = 0
 
     def __post_init__(self):
         checks = {
             "qk_split": (self.qk_split in (1, 2, 4, 8), "1, 2, 4 or 8"),
             "combine_heads": (self.combine_heads in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"),
             "key_block": (self.key_block in KEY_BLOCKS, f"one of {KEY_BLOCKS}"),
+            "max_registers": (self.max_registers == 0 or 64 <= self.max_registers <= 255,
+                              "0 or 64 .. 255"),
             "splits": (self.splits >= 1 and self.keys_per_split % KEY_BLOCK == 0,
                        f"splits >= 1 of whole {KEY_BLOCK}-key blocks"),
         }  # fmt: skip
@@ -788,7 +800,7 @@ def mega_attention(
         QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
         xo_deq_ptr=lse if xo_deq is None else xo_deq, XO_DEQ=xo_deq is not None,
-        **pdl_launch_options(pdl),
+        **register_cap(tuning.max_registers), **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
         grid = (tiles, HEAD_DIM // COMBINE_CHUNK, HEAD_TILE // ch)
