@@ -74,7 +74,8 @@ class Tuning:
                                  f"heads{' wide' if a.combine_wide else ''}, "
                                  f"{a.key_block}-key dots"
                                  + (f", {a.max_registers} registers" if a.max_registers
-                                    else "")))  # fmt: skip
+                                    else "")
+                                 + (", keys the A operand" if a.keys_a else "")))  # fmt: skip
         return out
 
     def dequantized(self, site: str) -> bool:

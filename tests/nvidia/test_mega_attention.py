@@ -223,6 +223,24 @@ def test_key_blocks_of_32_keys(fmt):
         dataclasses.replace(attention_tuning(1, 16, 640, 132), key_block=64)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_keys_as_the_a_operand(fmt):
+    """``AttentionTuning.keys_a`` (scores ``[keys, heads]``, the output transposed): the
+    reference and the default's xo bit for bit, lse within fp32 summation order, with 16- and
+    32-key dots, whole and segmented score dots, split and not."""
+    layer, sc, seams, q_fused = _step(2, COMPRESSED_LAYER, 3, fmt)
+    want = (*_fused(seams.xo, layer.dims.model.heads_per_group), seams.lse)
+    keys = sc.key_table.shape[1]
+    for key_block, qk_split, splits in ((16, 1, 3), (32, 4, 1), (32, 2, 2)):
+        per = -(-keys // (splits * key_block)) * key_block
+        change = {"key_block": key_block, "qk_split": qk_split, "keys_per_split": per}
+        got = _run(layer, sc, q_fused, splits=splits, keys_a=True, **change)
+        _assert_matches(got, want)
+        plain = _run(layer, sc, q_fused, splits=splits, **change)
+        assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
+        torch.testing.assert_close(got[2], plain[2], rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize("wide,splits", [(False, 3), pytest.param(True, 3, marks=pytest.mark.slow),
                                          pytest.param(True, 4, marks=pytest.mark.slow)])
 def test_combine_split_by_split_or_all_at_once(wide, splits):

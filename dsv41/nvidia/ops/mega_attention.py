@@ -252,46 +252,61 @@ def _dot_tl(a, b, DOT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _scores_tl(q, k, SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):
-    """``q [HT, 512] . k [BK, 512]^T`` -> fp32 ``[HT, BK]``. With ``SPLIT`` > 1 the 512 dims are
-    cut into SPLIT segments, one batch of a batched dot each, summed after: a warp then runs
-    SPLIT independent chains of MMAs over 512 / SPLIT dims instead of one chain over 512."""
+def _scores_tl(a, b, SPLIT: tl.constexpr, DOT_BF16: tl.constexpr):
+    """``a [R, 512] . b [C, 512]^T`` -> fp32 ``[R, C]`` (q and keys, either way round). With
+    ``SPLIT`` > 1 the 512 dims are cut into SPLIT segments, one batch of a batched dot each,
+    summed after: a warp then runs SPLIT independent chains of MMAs over 512 / SPLIT dims
+    instead of one chain over 512."""
     if SPLIT == 1:
-        s = _dot_tl(q, tl.trans(k), DOT_BF16)
+        s = _dot_tl(a, tl.trans(b), DOT_BF16)
     else:
-        HT: tl.constexpr = q.shape[0]
-        BK: tl.constexpr = k.shape[0]
-        SEG: tl.constexpr = q.shape[1] // SPLIT
-        q3 = tl.permute(tl.reshape(q, (HT, SPLIT, SEG)), (1, 0, 2))
-        k3 = tl.permute(tl.reshape(k, (BK, SPLIT, SEG)), (1, 2, 0))
-        s = tl.sum(_dot_tl(q3, k3, DOT_BF16), axis=0)
+        R: tl.constexpr = a.shape[0]
+        C: tl.constexpr = b.shape[0]
+        SEG: tl.constexpr = a.shape[1] // SPLIT
+        a3 = tl.permute(tl.reshape(a, (R, SPLIT, SEG)), (1, 0, 2))
+        b3 = tl.permute(tl.reshape(b, (C, SPLIT, SEG)), (1, 2, 0))
+        s = tl.sum(_dot_tl(a3, b3, DOT_BF16), axis=0)
     return s
 
 
 @triton.jit
 def _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT: tl.constexpr,
-                 DOT_BF16: tl.constexpr, FIRST: tl.constexpr):  # fmt: skip
+                 DOT_BF16: tl.constexpr, FIRST: tl.constexpr,
+                 KEYS_A: tl.constexpr = False):  # fmt: skip
     """One block of keys ``k [BK, 512]`` (``valid [BK]``) into the online softmax: ``(m_i, l_i,
     acc)`` after it (log2 units). ``FIRST``: the split's first block (``m_i`` -inf, ``l_i`` and
-    ``acc`` 0), so nothing is rescaled: the same values, 64 fewer multiplies a thread."""
+    ``acc`` 0), so nothing is rescaled: the same values, 64 fewer multiplies a thread.
+    ``KEYS_A``: the keys the A operand of both dots, so the scores are ``[BK, HT]`` and ``acc``
+    is transposed, ``[512, HT]`` (one shared-memory copy of the keys, fewer registers)."""
+    H_AX: tl.constexpr = 1 if KEYS_A else 0  # the heads' axis of the scores
+    K_AX: tl.constexpr = 1 - H_AX  # the keys' axis
     if DOT_BF16:
         k = k.to(tl.bfloat16)  # exact: e4m3 * 2^e and bf16 rope dims
-    s = _scores_tl(q, k, QK_SPLIT, DOT_BF16)
-    s = tl.where(valid[None, :], s * qk_scale, -float("inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if KEYS_A:
+        s = _scores_tl(k, q, QK_SPLIT, DOT_BF16)
+    else:
+        s = _scores_tl(q, k, QK_SPLIT, DOT_BF16)
+    s = tl.where(tl.expand_dims(valid, H_AX), s * qk_scale, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=K_AX))
     m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # no key yet: keep exp2 finite
-    p = tl.exp2(s - m_ref[:, None])
+    p = tl.exp2(s - tl.expand_dims(m_ref, K_AX))
     if FIRST:
-        l_i = tl.sum(p, axis=1)
+        l_i = tl.sum(p, axis=K_AX)
     else:
         alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.sum(p, axis=K_AX)
+        acc = acc * tl.expand_dims(alpha, K_AX)
     if DOT_BF16:
         p_hi = p.to(tl.bfloat16)
         p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(p_hi, k, acc)
-        acc = tl.dot(p_lo, k, acc)
+        if KEYS_A:
+            acc = tl.dot(tl.trans(k), p_hi, acc)
+            acc = tl.dot(tl.trans(k), p_lo, acc)
+        else:
+            acc = tl.dot(p_hi, k, acc)
+            acc = tl.dot(p_lo, k, acc)
+    elif KEYS_A:
+        acc = tl.dot(tl.trans(k), p, acc, input_precision="ieee")
     else:
         acc = tl.dot(p, k, acc, input_precision="ieee")
     return m_new, l_i, acc
@@ -308,6 +323,7 @@ def mega_attention_kernel(
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
     trace_ptr=None, TRACE: tl.constexpr = False, xo_deq_ptr=None, XO_DEQ: tl.constexpr = False,
+    KEYS_A: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -378,12 +394,16 @@ def mega_attention_kernel(
         end = KEYS  # a split of no whole blocks of BK keys stops its last block at its end
         if KEYS_PER_SPLIT % BK != 0:
             end = tl.minimum((split + 1) * KEYS_PER_SPLIT, KEYS)
+        if KEYS_A:  # acc transposed in the loop
+            acc = tl.zeros((_HEAD_DIM, HT), tl.float32)
         for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
             k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
                                      compressed_slots, end, FMT, WIN_BLOCK, COMP_BLOCK, BK,
                                      ALIGNED)  # fmt: skip
             m_i, l_i, acc = _key_step_tl(q, k, valid, m_i, l_i, acc, qk_scale, QK_SPLIT,
-                                         DOT_BF16, False)  # fmt: skip
+                                         DOT_BF16, False, KEYS_A)  # fmt: skip
+        if KEYS_A:
+            acc = tl.trans(acc)
     if TRACE:
         _stamp_tl(stamps, 4, acc)
 
@@ -606,6 +626,11 @@ class AttentionTuning:
     # cap lets more programs share a SM (an A/B choice: SM90, M = 48, 16-key dots in 4
     # segments hold 168 without a spill, 3 programs a SM, against 188, 2)
     max_registers: int = 0
+    # The keys the A operand of both dots (scores and output transposed; an A/B choice): one
+    # shared-memory copy of a key block, not two (SM90, M = 48: 72 KB against 103, 230
+    # registers against 243, 2,104 SASS instructions against 2,280; 16-key dots at 168
+    # registers: 44 KB, so 3 programs a SM)
+    keys_a: bool = False
 
     def __post_init__(self):
         checks = {
@@ -800,6 +825,7 @@ def mega_attention(
         QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
         xo_deq_ptr=lse if xo_deq is None else xo_deq, XO_DEQ=xo_deq is not None,
+        KEYS_A=tuning.keys_a and not early,
         **register_cap(tuning.max_registers), **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:
