@@ -18,7 +18,10 @@ as 16-B aligned, as torch allocates them; an int argument divisible by 16 as suc
 equal to 1 as the constexpr 1, as Triton specializes them. The installed Triton compiles.
 
     python benchmarks/kernel_facts.py --target gfx942 [--backend nvidia|mono] --tp 4 \\
-        --tokens 1 [--fmt fp8_ds_mla|fp8_mx] [--json FILE] [--dump DIR] [--tuning num_warps=8]
+        --tokens 1 [--fmt fp8_ds_mla|fp8_mx] [--json FILE] [--dump DIR] [--tuning FIELD=VALUE]
+
+``--tuning`` (repeatable) changes a field of the backend's Tuning as ``dsv41 bench --variant``
+does: ``attention.keys_a=1`` (nvidia, dotted names) or ``num_warps=8`` (mono).
 
 ``--dump DIR`` writes each launch's TTGIR and its PTX + SASS (NVIDIA) or AMDGCN (AMD) there
 (``<n>_<kernel>.<ext>``, n its place in the step).
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import re
 import subprocess
@@ -218,15 +220,19 @@ def _layer_and_step(tp: int, tokens: int, fmt: str, layer_id: int) -> tuple:
     return layer, make_scenario(dims, layer_id, tokens, fmt=fmt)
 
 
-def step_launches(target: str, tp: int, tokens: int, fmt: str, layer_id: int = 1) -> list:
-    """The caught launches of one nvidia step for ``target``: ``(fn, args, kwargs)`` in order."""
+def step_launches(target: str, tp: int, tokens: int, fmt: str, layer_id: int = 1,
+                  tuning: dict | None = None) -> list:
+    """The caught launches of one nvidia step for ``target``: ``(fn, args, kwargs)`` in order;
+    ``tuning``: Tuning fields changed from the target's (``tuning.changed``, dotted names)."""
     from dsv41.common.platform import parse_target, targeting
     from dsv41.nvidia.step import nvidia_step
+    from dsv41.nvidia.tuning import changed, tuning_for
 
     layer, sc = _layer_and_step(tp, tokens, fmt, layer_id)
     calls: list = []
     with targeting(parse_target(target)), seen_as_gpu(layer, target), caught_launches(calls):
-        nvidia_step(layer, sc)
+        choices = changed(tuning_for(layer.dims, sc.x.device, tokens), tuning or {})
+        nvidia_step(layer, sc, tuning=choices)
     return calls
 
 
@@ -252,14 +258,14 @@ def launch_facts(target: str, backend: str, tp: int, tokens: int, fmt: str = "fp
                  layer_id: int = 1, dump: Path | None = None,
                  tuning: dict | None = None) -> list[dict]:
     """Every launch of one step compiled for ``target``: a row each, in launch order (a launch
-    equal to an earlier one is compiled once); ``tuning``: mono's Tuning changes."""
+    equal to an earlier one is compiled once); ``tuning``: the backend's Tuning changes."""
     from dsv41.common.platform import parse_target
 
     platform = parse_target(target)
     if backend == "mono":
         launches = mono_launches(target, tp, tokens, layer_id, tuning)
     else:
-        launches = step_launches(target, tp, tokens, fmt, layer_id)
+        launches = step_launches(target, tp, tokens, fmt, layer_id, tuning)
     rows, seen = [], {}
     for i, (fn, args, kwargs) in enumerate(launches):
         sig, consts, _, options = signature(fn, args, kwargs)
@@ -315,28 +321,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the rows to this file too")
     p.add_argument("--dump", type=Path, help="write each launch's compiled code to this folder")
     p.add_argument("--tuning", action="append", default=[], metavar="FIELD=VALUE",
-                   help="mono: a Tuning field changed from the target's (repeatable), e.g. "
-                        "num_warps=8")
+                   help="a field of the backend's Tuning changed from the target's "
+                        "(repeatable; as dsv41 bench --variant takes them), e.g. "
+                        "attention.keys_a=1 or, for mono, num_warps=8")
     a = p.parse_args(argv)
-    from dsv41.amd.mono.tuning import Tuning
+    from dsv41.bench import parse_variant
 
-    fields = [f.name for f in dataclasses.fields(Tuning)]
     tuning = {}
-    for item in a.tuning:
-        name, _, value = item.partition("=")
-        if not value or name not in fields:
-            p.error(f"--tuning: expected FIELD=VALUE, FIELD one of {', '.join(fields)}; "
-                    f"got {item!r}")
-        tuning[name] = {"True": True, "False": False, "None": None}.get(value, value)
-        if isinstance(tuning[name], str):
-            try:
-                tuning[name] = int(value)
-            except ValueError:
-                p.error(f"--tuning: {name}: expected an int, True, False or None, got {value!r}")
+    if a.tuning:
+        try:
+            tuning = parse_variant(f"{a.backend}:{','.join(a.tuning)}").changes
+        except ValueError as e:
+            p.error(f"--tuning: {e}")
     if a.backend == "mono" and a.fmt != "fp8_ds_mla":
         p.error(f"--fmt: mono stores fp8_ds_mla records only, got {a.fmt}")
-    if tuning and a.backend != "mono":
-        p.error("--tuning: mono's Tuning only (with --backend mono)")
     if a.backend == "mono" and a.tp not in (2, 4):
         p.error(f"--tp: mono's task tables are laid out for tp 2 and 4, got {a.tp}")
     if switches.interpreting():
