@@ -264,6 +264,21 @@ def mx_round_tl(x, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
+def code_rows_tl(code_ptrs, valid, NG: tl.constexpr, WORDS: tl.constexpr):
+    """int32 E8M0 codes ``[R, NG]`` of the rows whose codes start at the uint8 ``code_ptrs [R]``
+    (0 where not ``valid``). ``WORDS`` (the rows' codes 4-B aligned, NG a multiple of 4): code
+    g is byte g % 4 of int32 word g // 4, each word read once a code (no reshape, so the codes
+    take the values' layout), so a loop's pipeliner copies them ahead with the values (it
+    takes no 1-B loads)."""
+    g = tl.arange(0, NG)
+    if WORDS:
+        words = tl.load(code_ptrs.to(tl.pointer_type(tl.int32))[:, None] + (g // 4)[None, :],
+                        mask=valid[:, None], other=0)  # fmt: skip
+        return (words >> ((g % 4) * 8)[None, :]) & 0xFF
+    return tl.load(code_ptrs[:, None] + g[None, :], mask=valid[:, None], other=0).to(tl.int32)
+
+
+@triton.jit
 def mx_dequantize_tl(values, code, ROWS: tl.constexpr, COLS: tl.constexpr):
     """e4m3 ``values [ROWS, COLS]`` and int32 ``code [ROWS, COLS // 32]`` -> fp32 [ROWS, COLS]."""
     blocks = tl.reshape(values.to(tl.float32), (ROWS, COLS // 32, 32))

@@ -64,7 +64,8 @@ class Tuning:
                ("z_cast_in_wo_b", str(self.z_cast_in_wo_b))]  # fmt: skip
         for site in GEMM_SITES:
             c = getattr(self, site)
-            loop = "cuda-core" if c.gemv else "mma on bf16 a"
+            loop = "cuda-core" if c.gemv else "mma on bf16 a" + (", code words" if c.code_words
+                                                                 else "")
             out.append((site, f"{loop} block {c.block_m}x{c.block_n}x{c.block_k} split_k "
                               f"{c.split_k} k_steps {c.k_steps} k_tail {c.k_tail} warps "
                               f"{c.num_warps} stages {c.num_stages}"))  # fmt: skip

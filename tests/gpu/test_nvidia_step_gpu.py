@@ -194,7 +194,8 @@ def test_attention_trace_stamps_every_program(layer, tokens):
 @pytest.mark.parametrize("m", [4, 16, 48])
 def test_dequantized_activation_changes_no_bit(layer, m):
     """The MMA loop on a ``Dequantized`` activation (the step's) gives the bits of the same loop
-    converting the MXFP8 operand itself, for each GEMM site's tiles at real geometry."""
+    converting the MXFP8 operand itself, for each GEMM site's tiles at real geometry, and so
+    does it with the weight codes read as words (``code_words``)."""
     from dsv41.common.mx import mxfp8_round
     from dsv41.nvidia.ops.mx_gemm import Dequantized, mx_gemm
     from dsv41.nvidia.tuning import GEMM_SITES, tuning_for
@@ -212,3 +213,6 @@ def test_dequantized_activation_changes_no_bit(layer, m):
                       config=cfg)  # fmt: skip
         want = mx_gemm(mxfp8_quantize(x), w, scale, n_per_group=npg, config=cfg)
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), site
+        words = mx_gemm(Dequantized(mxfp8_round(x).bfloat16()), w, scale, n_per_group=npg,
+                        config=dataclasses.replace(cfg, code_words=True))  # fmt: skip
+        assert torch.equal(words.view(torch.uint8), want.view(torch.uint8)), site

@@ -10,6 +10,8 @@ to within one e4m3 step; E8M0 codes, computed from bits, must match exactly.
 """
 
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -433,6 +435,13 @@ def test_bad_inputs_name_the_argument(layer):
         mx_gemm(Dequantized(x), layer.wqkv, layer.wqkv_scale, config=gemv)
     with pytest.raises(ValueError, match=r"a dequantized: expected bfloat16 \[2, \d+\], got"):
         mx_gemm(Dequantized(x.float()), layer.wqkv, layer.wqkv_scale)
+    with pytest.raises(ValueError, match=r"config: code_words \(the MMA loop reading the weight"):
+        n, k = layer.wqkv.shape
+        gemv = gemm_config(2, n, k, n_per_group=n, quant_out=False, sms=8)  # the CUDA-core loop
+        mx_gemm(x, layer.wqkv, layer.wqkv_scale, config=dataclasses.replace(gemv, code_words=True))
+    with pytest.raises(ValueError, match="needs block_k and K multiples of 128"):
+        mma = GemmConfig(block_m=16, block_n=32, block_k=64, split_k=1, code_words=True)
+        mx_gemm(x_of(5, x.shape[1], 1), layer.wqkv, layer.wqkv_scale, config=mma)
     with pytest.raises(ValueError, match="out_deq: expected it with out8"):
         mx_gemm(x_of(5, x.shape[1], 1), layer.wqkv, layer.wqkv_scale, out_deq=x)
     with pytest.raises(ValueError, match=r"x: expected bfloat16 \[2, \d+\]"):
@@ -473,6 +482,8 @@ consts = {"N": 8192, "K": 1280, "N_PER_GROUP": 8192, "A_MODE": 0, "QUANT_OUT": F
           "RP_WIN_BLOCK": 64, "RP_COMP_BLOCK": 64}
 if sys.argv[2:] == ["records"]:  # 640 entries of fp8_ds_mla records over 512 programs
     consts.update(RP_PER=2, RP_PAD=2, RP_TOTAL=640)
+if sys.argv[2:] == ["words"]:
+    consts.update(CODE_WORDS=True)
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
@@ -484,6 +495,7 @@ before_wait = ptx.split("griddepcontrol.wait")[0]
 print(json.dumps({"wide_before_wait": len(re.findall(r"ld\.global\.v4\.b32", before_wait))} |
                  {k: len(re.findall(p, ptx)) for k, p in
                   {"cp_async": r"cp\.async\.cg\.shared\.global", "mma": r"mma\.sync|wgmma",
+                   "word_copies": r"cp\.async\.ca\.shared\.global[^;]*, 0x4,",
                    "byte_loads": r"ld\.global\.b8", "waits": r"griddepcontrol\.wait"}.items()}
                  | {"l2_prefetch_before_wait": len(re.findall(r"cp\.async\.bulk\.prefetch\.L2",
                                                               before_wait))}))
@@ -497,6 +509,15 @@ def test_records_ahead_are_asked_of_the_l2_before_the_wait():
     plain, ahead = (ptx_facts(SM90_COMPILE, "gemv", r) for r in ("none", "records"))
     assert plain["l2_prefetch_before_wait"] == 0, plain
     assert ahead["l2_prefetch_before_wait"] >= 1 and ahead["waits"] == 1, ahead
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
+def test_weight_code_words_are_copied_ahead_on_sm90():
+    """The MMA loop compiled for SM90: with ``code_words`` its weight codes arrive by 4-byte
+    cp.async copies, as its values do by 16-byte ones; without, by loads the loop waits for."""
+    plain, words = (ptx_facts(SM90_COMPILE, "mma", r) for r in ("none", "words"))
+    assert plain["word_copies"] == 0 and words["word_copies"] > 0, (plain, words)
+    assert words["cp_async"] == plain["cp_async"] > 0, (plain, words)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")

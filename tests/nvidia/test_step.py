@@ -23,7 +23,7 @@ from dsv41.common.scenario import make_scenario
 from dsv41.common.weights import LayerWeights
 from dsv41.nvidia.ops.mx_gemm import GemvRules, Scratch, gemm_config
 from dsv41.nvidia.step import STEP_SEAMS, NvidiaStepRunner, StepBuffers, launch_step, nvidia_step
-from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, resolve, tuning_for
+from dsv41.nvidia.tuning import GEMM_SITES, changed, gemm_shapes, resolve, tuning_for
 from dsv41.nvidia.warmup import REGISTRY, warmup
 
 LAYER_ID = 1  # compressed: window + top-k
@@ -165,6 +165,21 @@ def test_norm_in_wq_b_follows_the_cuda_core_loop(layer):
     cpu = torch.device("cpu")
     t1, t48 = tuning_for(layer.dims, cpu, 1), tuning_for(layer.dims, cpu, 48)
     assert t1.norm_in_wq_b and t1.wq_b.gemv and not t48.norm_in_wq_b and not t48.wq_b.gemv
+
+
+def test_weight_codes_as_words_change_no_bit(layer):
+    """``GemmConfig.code_words`` at every MMA site: every seam of the default step bit for
+    bit, in both record formats."""
+    cpu = torch.device("cpu")
+    base = tuning_for(layer.dims, cpu, 5)
+    words = changed(base, {f"{site}.code_words": True for site in GEMM_SITES})
+    for fmt in ("fp8_ds_mla", "fp8_mx"):
+        sc = make_scenario(layer.dims, LAYER_ID, 5, fmt=fmt, seed=35)
+        runs = [nvidia_step(layer, sc.clone_caches(), tuning=t) for t in (base, words)]
+        for name in STEP_SEAMS:
+            pairs = zip(*(s if isinstance(s, tuple) else (s,) for s in (r[name] for r in runs)))
+            for a, b in pairs:
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (fmt, name)
 
 
 def test_dequantized_activations_are_the_mxfp8_round_trips(layer):

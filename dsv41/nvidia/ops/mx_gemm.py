@@ -54,6 +54,7 @@ from dsv41.common.mx import (
     MX_BLOCK,
     bf16_rn_tl,
     bf16_round_tl,
+    code_rows_tl,
     e8m0_scale_tl,
     mx_dequantize_tl,
     mx_parts_tl,
@@ -113,14 +114,17 @@ GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warp
 
 @triton.jit
 def _mx_tile(
-    v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr
-):
-    """``values * 2^(code - 127)`` of MXFP8 ``rows`` x columns ``k0 .. k0 + BLOCK_K``, fp32."""
+    v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False,
+):  # fmt: skip
+    """``values * 2^(code - 127)`` of MXFP8 ``rows`` x columns ``k0 .. k0 + BLOCK_K``, fp32.
+    ``WORDS`` (4-B aligned code rows, ``k0`` a multiple of 128): the codes read as int32 words,
+    so a loop's pipeliner copies them ahead with the values (it takes no 1-B loads)."""
     k = k0 + tl.arange(0, BLOCK_K)
-    kc = k0 // _MX + tl.arange(0, BLOCK_K // _MX)
     v = tl.load(v_ptr + rows[:, None] * stride_v + k[None, :], mask=row_ok[:, None], other=0.0)
-    c = tl.load(c_ptr + rows[:, None] * stride_c + kc[None, :], mask=row_ok[:, None], other=0)
-    return mx_dequantize_tl(v, c.to(tl.int32), BLOCK_R, BLOCK_K)
+    c = code_rows_tl(c_ptr + rows.to(tl.int64) * stride_c + k0 // _MX, row_ok, BLOCK_K // _MX,
+                     WORDS)  # fmt: skip
+    return mx_dequantize_tl(v, c, BLOCK_R, BLOCK_K)
 
 
 @triton.jit
@@ -365,6 +369,7 @@ def mx_gemm_kernel(
     RP_FMT: tl.constexpr = 0,
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
+    CODE_WORDS: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -482,7 +487,8 @@ def mx_gemm_kernel(
         kk = tl.arange(0, BLOCK_K)
         for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
             k = k0 + kk
-            w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K)
+            w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K,
+                         CODE_WORDS)  # fmt: skip
             if A_MODE == A_MX:
                 a = _mx_tile(
                     a_ptr,
@@ -553,6 +559,9 @@ class GemmConfig:
     gemv: bool = False  # CUDA-core inner loop, one token row at a time (small M)
     k_steps: int = 1  # K steps a CUDA-core program runs, unrolled
     k_tail: int = 0  # CUDA-core, split_k 1: K's last columns, one more tile (a power of two)
+    # MMA loop: the weight codes read as int32 words, so the K loop's pipeliner copies them
+    # ahead with the values; else each K step waits for its codes' 1-B loads (an A/B choice)
+    code_words: bool = False
 
     @property
     def k_split(self) -> int:
@@ -888,6 +897,13 @@ def mx_gemm(
         raise ValueError(
             f"config: block_k must be a power of two of whole MX blocks of {MX_BLOCK}, got {cfg}"
         )
+    if cfg.code_words and (cfg.gemv or cfg.block_k % (4 * MX_BLOCK) or k % (4 * MX_BLOCK)
+                           or w_scale.data_ptr() % 4):  # fmt: skip
+        raise ValueError(
+            f"config: code_words (the MMA loop reading the weight codes as 4-B words) needs "
+            f"block_k and K multiples of {4 * MX_BLOCK} and 4-B aligned codes, got {cfg}, K {k} "
+            f"and w_scale at {w_scale.data_ptr():#x}"
+        )
     if cfg.gemv and (mode == A_O or cfg.k_split * cfg.split_k != k):
         raise ValueError(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
@@ -956,6 +972,7 @@ def mx_gemm(
         A8_OUT=a8_out is not None,
         DEQ_OUT=out_deq is not None,
         TRACE=trace is not None,
+        CODE_WORDS=cfg.code_words,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and current_platform().ptx else {}),
         **pdl_launch_options(pdl),
