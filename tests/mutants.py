@@ -92,6 +92,13 @@ MUTATIONS = (
         "the MMA loop on dequantized activations reads every group's columns from group 0",
     ),
     Mutation(
+        "nvidia_code_words_wrong_byte", "dsv41/common/mx.py",
+        "return (words >> ((g % 4) * 8)[None, :]) & 0xFF",
+        "return (words >> ((g // 4) * 8)[None, :]) & 0xFF",
+        ("tests/nvidia/test_step.py", "-k", "codes_as_words"),
+        "a weight code read as words takes its word's byte of another code",
+    ),
+    Mutation(
         "mono_a_deq_wrong_columns", "dsv41/amd/mono/kernel.py",
         "ad_ptr + tok[:, None] * a_stride + k0 + k[None, :],",
         "ad_ptr + tok[:, None] * a_stride + k[None, :],",
