@@ -64,19 +64,21 @@ class Tuning:
                ("z_cast_in_wo_b", str(self.z_cast_in_wo_b))]  # fmt: skip
         for site in GEMM_SITES:
             c = getattr(self, site)
-            loop = "cuda-core" if c.gemv else "mma on bf16 a" + (", code words" if c.code_words
-                                                                 else "")
+            loop = "cuda-core" if c.gemv else "mma on bf16 a"
+            if c.code_words:
+                loop += ", code words"
             out.append((site, f"{loop} block {c.block_m}x{c.block_n}x{c.block_k} split_k "
                               f"{c.split_k} k_steps {c.k_steps} k_tail {c.k_tail} warps "
                               f"{c.num_warps} stages {c.num_stages}"))  # fmt: skip
         a = self.attention
-        out.append(("attention", f"splits {a.splits} x {a.keys_per_split} keys, qk_split "
-                                 f"{a.qk_split}, alone {a.alone}, combine {a.combine_heads} "
-                                 f"heads{' wide' if a.combine_wide else ''}, "
-                                 f"{a.key_block}-key dots"
-                                 + (f", {a.max_registers} registers" if a.max_registers
-                                    else "")
-                                 + (", keys the A operand" if a.keys_a else "")))  # fmt: skip
+        parts = [f"splits {a.splits} x {a.keys_per_split} keys", f"qk_split {a.qk_split}",
+                 f"alone {a.alone}", f"combine {a.combine_heads} heads"
+                 + (" wide" if a.combine_wide else ""), f"{a.key_block}-key dots"]  # fmt: skip
+        if a.max_registers:
+            parts.append(f"{a.max_registers} registers")
+        if a.keys_a:
+            parts.append("keys the A operand")
+        out.append(("attention", ", ".join(parts)))
         return out
 
     def dequantized(self, site: str) -> bool:
