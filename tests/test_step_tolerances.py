@@ -6,10 +6,12 @@ measured (the measurement beside each bound). A rounding point changed anywhere 
 Measured with ``run_step`` / ``step_errors`` (tests/step_helpers.py) over tp 2 and 4, layers
 0 (window only), 1 and 2 (compressed), M = 1, 2, 3, 5, both record formats for nvidia:
 
-- mono: x8, qkv, q, y and the window cache equal bit for bit; xo and z too except at tp 4,
-  layer 0, M 2, where one o value lands on the other side of a bf16 tie: one e4m3 ulp of xo
-  (rel 3.8e-6, codes all equal), z rel 6.4e-5, y still equal. (The y bound allows z's error
-  twice over, as nvidia's y shows; a truncating y cast is off by rel 4e-3.)
+- mono: x8, qkv, q and the window cache equal bit for bit; xo, z and y too except at tp 4,
+  layer 0, M 2, where one o value lands on the other side of a bf16 tie from the reference's.
+  Which value does depends on the CPU (the reference's fp32 sums follow torch's kernels for
+  it): on one machine one e4m3 ulp of xo at rel 3.8e-6, z 6.4e-5, y equal; on another (AMD
+  EPYC, 2026-12-06) xo 1.2e-4, z 4.1e-4, y 9.0e-4, where nvidia matched the reference bit for
+  bit; codes all equal on both. (A truncating y cast is off by rel 4e-3.)
 - nvidia: qkv, q and the window cache equal bit for bit (q but one value at tp 8), kv but
   one bf16 ulp at layer 2 (YaRN RoPE; the record it stores still equal); lse within
   4.8e-7 (fp32, order of the sums). At tp 4 with M >= 2 one o value in a step can land on the
@@ -39,9 +41,9 @@ from dsv41.common.weights import LayerWeights
 BOUNDS = {
     "mono": {
         **{s: EXACT for s in ("x8", "qkv", "q", "window")},
-        "xo": {"rel_l2": 2e-5, "codes": 1.0},  # measured rel 3.8e-6 (one e4m3 ulp), codes 1.0
-        "z": {"rel_l2": 3e-4},  # measured 6.4e-5
-        "y": {"rel_l2": 4e-4},  # measured 0
+        "xo": {"rel_l2": 6e-4, "codes": 1.0},  # measured rel 1.2e-4 (one e4m3 ulp), codes 1.0
+        "z": {"rel_l2": 1.5e-3},  # measured 4.1e-4
+        "y": {"rel_l2": 2e-3},  # measured 9.0e-4
     },
     "nvidia": {
         **{s: EXACT for s in ("qkv", "window")},
