@@ -32,6 +32,9 @@ QUANTIZED = {"q": 2.5e-4, "xo": 1.6e-4, "x8b": 3.4e-3}
 # sums over xo (the bf16 z of 4096 terms, its fp32 K parts), rel L2: xo's few flips move them
 # by at most 2.0e-4 (z) and 1.1e-4 (woap), tp 2, layer 2, M 7
 LONG_SUMS = {"z": 5.9e-4, "woap": 3.4e-4}
+# y against the executor's where x8b's roundings differ (else bit for bit): rel L2 1.4e-3 with
+# 1.5e-3 of x8b flipped (tensor-core blocks in 4 K segments, tp 2, layer 0, M 48, AMD EPYC)
+Y_AFTER_FLIPS = 4.3e-3
 # against the reference: E8M0 codes all equal; y rel L2 at most 1.4e-3 and z 2.7e-4 (tp 2,
 # layer 0, M 48: the executor's own figures, test_mono_plan.py), 0 below M 48; q 4.3e-9 (ROCm
 # tiles, one value), else 0
@@ -167,7 +170,11 @@ def _against_executor_and_reference(
     assert set(agree) == set(MAILBOXES + BIT_EXACT) | set(QUANTIZED | ACCUMULATED | LONG_SUMS)
     assert int(runner.views["ctl"][CTL_EPOCH]) == 6
     assert torch.equal(kernel_sc.window_cache.data, exec_sc.window_cache.data)
-    assert torch.equal(seams["y"], y_exec)
+    if agree["x8b"] == 1.0:  # y sums over x8b: the same values give the same bits
+        assert torch.equal(seams["y"], y_exec)
+    else:  # x8b values on the other side of a tie (QUANTIZED) move y's sums
+        y, want = seams["y"].float(), y_exec.float()
+        assert (y - want).norm() <= Y_AFTER_FLIPS * want.norm(), "y"
 
     assert_near_reference(parity(lw.dims, seams, run_reference(lw, sc)))
     return runner
