@@ -54,7 +54,9 @@ def check_seams(layer, ref, got, ref_cache, got_cache) -> None:
     assert torch.equal(got["qkv"], ref.qkv)
     assert torch.equal(got["kv"], ref.kv)  # measured equal at this layer
     assert torch.equal(got_cache.data, ref_cache.data)
-    assert torch.equal(got["q"], mx_linear(mxfp8_quantize(ref.qr), layer.wq_b, layer.wq_b_scale))
+    # q equal but where an fp32 sum lands on the other side of a bf16 tie from torch's (the
+    # CPU's order decides: one value of 393,216 at M 48, fp8_mx, on an AMD EPYC, rel 3.8e-10)
+    assert rel(got["q"], mx_linear(mxfp8_quantize(ref.qr), layer.wq_b, layer.wq_b_scale)) < 1e-8
     xo_values, xo_codes = got["xo"]
     codes32 = ref.xo[1].repeat_interleave(32, -1)
     want_codes = permute_o_to_fused(codes32, model.heads_per_group).flatten(-2)[:, ::32]
