@@ -67,6 +67,8 @@ class Tuning:
             loop = "cuda-core" if c.gemv else "mma on bf16 a"
             if c.code_words:
                 loop += ", code words"
+            if c.weights_a:
+                loop += ", weights the A operand"
             out.append((site, f"{loop} block {c.block_m}x{c.block_n}x{c.block_k} split_k "
                               f"{c.split_k} k_steps {c.k_steps} k_tail {c.k_tail} warps "
                               f"{c.num_warps} stages {c.num_stages}"))  # fmt: skip

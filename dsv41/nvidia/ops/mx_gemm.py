@@ -128,6 +128,26 @@ def _mx_tile(
 
 
 @triton.jit
+def _mma_tl(acc, a, w, WEIGHTS_A: tl.constexpr, DOT_BF16: tl.constexpr):
+    """``acc + a [BM, BK] @ w [BN, BK]^T``, or with ``WEIGHTS_A`` the transposed ``acc + w @
+    a^T`` ``[BN, BM]`` (the weights the MMA's A operand: 64 weight rows fill SM90's warpgroup
+    MMA, which takes A from registers); bf16 operands on the GPU, IEEE fp32 under the
+    interpreter."""
+    if DOT_BF16:
+        a = a.to(tl.bfloat16)
+        w = w.to(tl.bfloat16)
+    if WEIGHTS_A:
+        x = w
+        y = tl.trans(a)
+    else:
+        x = a
+        y = tl.trans(w)
+    if DOT_BF16:
+        return tl.dot(x, y, acc)
+    return tl.dot(x, y, acc, input_precision="ieee")
+
+
+@triton.jit
 def _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok, k0, K: tl.constexpr, BLOCKS: tl.constexpr):
     """The CUDA-core loop's weight tile at ``k0``: e4m3 ``[BLOCKS, BLOCK_N, 32]``, its codes
     ``[BLOCKS, BLOCK_N]`` and the columns ``[BLOCKS, 32]`` it covers. Blocks outermost: a
@@ -370,6 +390,7 @@ def mx_gemm_kernel(
     RP_WIN_BLOCK: tl.constexpr = 1,
     RP_COMP_BLOCK: tl.constexpr = 1,
     CODE_WORDS: tl.constexpr = False,
+    WEIGHTS_A: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -485,6 +506,8 @@ def mx_gemm_kernel(
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
         kk = tl.arange(0, BLOCK_K)
+        if WEIGHTS_A:  # acc transposed in the loop
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
             k = k0 + kk
             w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K,
@@ -515,10 +538,9 @@ def mx_gemm_kernel(
                 o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
                                     G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
                 a = mx_round_tl(o, BLOCK_M, BLOCK_K)
-            if DOT_BF16:
-                acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
-            else:
-                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+            acc = _mma_tl(acc, a, w, WEIGHTS_A, DOT_BF16)
+        if WEIGHTS_A:
+            acc = tl.trans(acc)
 
     out_ok = row_ok[:, None] & n_ok[None, :]
     last = True
@@ -562,6 +584,8 @@ class GemmConfig:
     # MMA loop: the weight codes read as int32 words, so the K loop's pipeliner copies them
     # ahead with the values; else each K step waits for its codes' 1-B loads (an A/B choice)
     code_words: bool = False
+    # MMA loop: the weights the A operand (acc [N, M], transposed at the end; an A/B choice)
+    weights_a: bool = False
 
     @property
     def k_split(self) -> int:
@@ -973,6 +997,7 @@ def mx_gemm(
         DEQ_OUT=out_deq is not None,
         TRACE=trace is not None,
         CODE_WORDS=cfg.code_words,
+        WEIGHTS_A=cfg.weights_a and not cfg.gemv,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and current_platform().ptx else {}),
         **pdl_launch_options(pdl),
