@@ -251,15 +251,16 @@ def test_gemv_block_by_tokens() -> None:
 
 
 def test_rocm_takes_smaller_tiles_and_nvidia_keeps_its_own() -> None:
-    """On ROCm (the platform given, or the current one) 8 waves as on NVIDIA, 16-key slices, GEMV
-    blocks of 128 at every token count, tensor-core blocks in 8 K segments, weight words at one
-    token only; NVIDIA and the interpreter keep 32 keys, 512 / 256, the plan's split, words up
-    to CORES_TOKENS."""
+    """On ROCm (the platform given, or the current one) 8 waves as on NVIDIA, 16-key slices up to
+    FEW_TOKENS (32 above), GEMV blocks of 128 at every token count, tensor-core blocks in 8 K
+    segments, weight words at one token only; NVIDIA and the interpreter keep 32 keys, 512 /
+    256, the plan's split, words up to CORES_TOKENS."""
     flash = Dims.of("dsv41-flash", 4)
     rocm, cuda = Platform("rocm", "gfx950"), Platform("cuda", "sm90")
     for tokens in (1, 2, 4, 16, 17, 48):
         got, nv = resolve(flash, tokens, platform=rocm), resolve(flash, tokens, platform=cuda)
-        assert (got.num_warps, got.key_slice, got.gemv_block) == (8, 16, 128), got
+        slice_ = 16 if tokens <= FEW_TOKENS else 32
+        assert (got.num_warps, got.key_slice, got.gemv_block) == (8, slice_, 128), got
         assert got.mma_split == (1 if tokens <= CORES_TOKENS else MMA_SPLIT), got
         assert (nv.num_warps, nv.key_slice) == (8, 32), nv
         assert nv.gemv_block == (GEMV_BLOCK_FEW if tokens <= FEW_TOKENS else GEMV_BLOCK)

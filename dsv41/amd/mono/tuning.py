@@ -41,10 +41,11 @@ KEY_CHUNK = 64  # keys of an attention task (at most)
 KEY_SLICE = 32  # keys an attention task holds in registers at once
 NUM_WARPS = 8  # warps of a program (one program a multiprocessor); 16 was slower
 # On ROCm (gfx942, gfx950; compiled, never run): 8 waves a program as on NVIDIA, with 16-key
-# slices, GEMV blocks of 128 columns, every tensor-core block in 8 K segments and weight words
-# at one token only: no VGPR spill at tp 2 and 4, 1 .. 48 tokens (docs/amd.md). The NVIDIA tiles
-# spill on gfx942 at 8 waves (tp 4, M = 1 / 4 / 16: 36 / 54 / 74; 16-key slices and 128-column
-# blocks at M = 48 in whole blocks: 171).
+# slices up to FEW_TOKENS tokens (32 above: 16 spilled a VGPR on gfx942 at 48 tokens with
+# Triton 3.6), GEMV blocks of 128 columns, every tensor-core block in 8 K segments and weight
+# words at one token only: no VGPR spill at tp 2 and 4, 1 .. 48 tokens (docs/amd.md). The NVIDIA
+# tiles spill on gfx942 at 8 waves (tp 4, M = 1 / 4 / 16: 36 / 54 / 74; 16-key slices and
+# 128-column blocks at M = 48 in whole blocks: 171).
 ROCM_NUM_WARPS = 8
 ROCM_KEY_SLICE = 16
 ROCM_GEMV_BLOCK = 128
@@ -118,7 +119,8 @@ def resolve(dims: Dims, tokens: int, platform: Platform | None = None, **changes
         a_dequantized=deq(cores),
     )
     if rocm:
-        base = dataclasses.replace(base, gemv_block=ROCM_GEMV_BLOCK, key_slice=ROCM_KEY_SLICE,
+        slice_ = ROCM_KEY_SLICE if tokens <= FEW_TOKENS else KEY_SLICE
+        base = dataclasses.replace(base, gemv_block=ROCM_GEMV_BLOCK, key_slice=slice_,
                                    num_warps=ROCM_NUM_WARPS,
                                    mma_split=1 if cores else ROCM_MMA_SPLIT)
     if "gemv_cores" in changes:  # words, pairs, the split and a_dequantized follow the loop
