@@ -195,7 +195,8 @@ def test_attention_trace_stamps_every_program(layer, tokens):
 def test_dequantized_activation_changes_no_bit(layer, m):
     """The MMA loop on a ``Dequantized`` activation (the step's) gives the bits of the same loop
     converting the MXFP8 operand itself, for each GEMM site's tiles at real geometry, and so
-    does it with the weight codes read as words (``code_words``)."""
+    does it with the weight codes read as words (``code_words``); with the weights the A
+    operand (``weights_a``: wgmma, another order of the fp32 sums) within a bf16 ulp."""
     from dsv41.common.mx import mxfp8_round
     from dsv41.nvidia.ops.mx_gemm import Dequantized, mx_gemm
     from dsv41.nvidia.tuning import GEMM_SITES, tuning_for
@@ -216,3 +217,8 @@ def test_dequantized_activation_changes_no_bit(layer, m):
         words = mx_gemm(Dequantized(mxfp8_round(x).bfloat16()), w, scale, n_per_group=npg,
                         config=dataclasses.replace(cfg, code_words=True))  # fmt: skip
         assert torch.equal(words.view(torch.uint8), want.view(torch.uint8)), site
+        swapped = mx_gemm(Dequantized(mxfp8_round(x).bfloat16()), w, scale, n_per_group=npg,
+                          config=dataclasses.replace(cfg, weights_a=True)).float()  # fmt: skip
+        ref = want.float()  # a bf16 ulp, or 1e-4 of the rms where the sums cancel
+        ulp = ref.abs() * 2.0**-7 + ref.pow(2).mean().sqrt() * 1e-4
+        assert bool(((swapped - ref).abs() <= ulp).all()), site

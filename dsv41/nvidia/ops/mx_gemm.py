@@ -928,6 +928,11 @@ def mx_gemm(
             f"block_k and K multiples of {4 * MX_BLOCK} and 4-B aligned codes, got {cfg}, K {k} "
             f"and w_scale at {w_scale.data_ptr():#x}"
         )
+    if cfg.weights_a and cfg.gemv:
+        raise ValueError(
+            f"config: weights_a (the weights the MMA's A operand) needs the MMA loop, got the "
+            f"CUDA-core loop's {cfg}"
+        )
     if cfg.gemv and (mode == A_O or cfg.k_split * cfg.split_k != k):
         raise ValueError(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
@@ -997,7 +1002,7 @@ def mx_gemm(
         DEQ_OUT=out_deq is not None,
         TRACE=trace is not None,
         CODE_WORDS=cfg.code_words,
-        WEIGHTS_A=cfg.weights_a and not cfg.gemv,
+        WEIGHTS_A=cfg.weights_a,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and current_platform().ptx else {}),
         **pdl_launch_options(pdl),
