@@ -8,10 +8,11 @@
 #   bash benchmarks/gpu_session.sh tables [BACKEND]     bench tables, tp 4 and tp 2, M = 1 .. 48
 #                                                       (BACKEND: nvidia (default), mono, or both
 #                                                       comma-separated; both take two calls' time)
-#   bash benchmarks/gpu_session.sh ab SPEC [SPEC ...]   bench tp 4, M = 1, 4, 16, 48, both backends
-#                                                       and a row set a --variant SPEC, one run:
-#                                                       nvidia:wo_a.block_k=128,wo_a.num_stages=3
-#                                                       or mono:gemv_cores=0 (y vs def 0: y equal)
+#   bash benchmarks/gpu_session.sh ab SPEC [SPEC ...]   bench tp 4, M = 1, 4, 16, 48 (AB_TOKENS), both
+#                                                       backends and a row set a --variant SPEC, one
+#                                                       run: nvidia:wo_a.block_k=128,wo_a.num_stages=3
+#                                                       or mono:gemv_cores=0 (y vs def 0: y equal);
+#                                                       AB_TOKENS=4,16,48 for MMA-loop-only fields
 #   bash benchmarks/gpu_session.sh trace                where a mono step's time goes, per stage
 #   bash benchmarks/gpu_session.sh stream [BACKEND [VARIANT]]
 #                                                       tp 4, M = 1, 4, 16, 48: each stage's TB/s
@@ -77,8 +78,9 @@ ab() {
   [ $# -gt 0 ] || { echo "ab: expected SPECs (BACKEND:FIELD=VALUE[,...]), got none"; exit 2; }
   local spec variants=()
   for spec in "$@"; do variants+=(--variant "$spec"); done
-  timeout 560 python3 -m dsv41.cli bench --config dsv41-flash --tp 4 --tokens 1,4,16,48 \
-    --reference-repeats 1 --backend nvidia,mono "${variants[@]}" --json "$OUT/ab.json" 2>&1 \
+  timeout 560 python3 -m dsv41.cli bench --config dsv41-flash --tp 4 \
+    --tokens "${AB_TOKENS:-1,4,16,48}" --reference-repeats 1 --backend nvidia,mono \
+    "${variants[@]}" --json "$OUT/ab.json" 2>&1 \
     | tr '\r' '\n' | grep -vE '^\[[#.]*\] ' | tee "$OUT/ab.txt"
 }
 
