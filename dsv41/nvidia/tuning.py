@@ -80,8 +80,6 @@ class Tuning:
             parts.append(f"{a.max_registers} registers")
         if a.keys_a:
             parts.append("keys the A operand")
-        if a.key_stages != 3:
-            parts.append(f"key loop {a.key_stages} stages")
         out.append(("attention", ", ".join(parts)))
         return out
 

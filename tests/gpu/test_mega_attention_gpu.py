@@ -160,8 +160,8 @@ def test_alone_changes_no_bit(tokens):
 @pytest.mark.parametrize("tokens", [1, 16, 48])
 def test_key_blocks_match_the_reference(tokens):
     """Dots of 16 and 32 keys (the default's from 4 tokens), the keys as the A operand
-    (``keys_a``), 168 registers a thread (``max_registers``) and records copied a block ahead
-    (``key_stages``) match the reference on the GPU (tp 4)."""
+    (``keys_a``) and 168 registers a thread (``max_registers``) match the reference on the GPU
+    (tp 4)."""
     from dsv41.nvidia.ops.mega_attention import attention_tuning
 
     layer, sc, seams, q_fused = _step(4, COMPRESSED_LAYER, tokens, "fp8_ds_mla")
@@ -169,8 +169,6 @@ def test_key_blocks_match_the_reference(tokens):
     assert base.key_block == (32 if tokens >= 4 else 16)
     for change in ({"key_block": 16}, {"key_block": 32}, {"keys_a": True},
                    {"key_block": 16, "qk_split": 4, "max_registers": 168},
-                   {"key_block": 16, "keys_a": True, "max_registers": 168},
-                   {"keys_a": True, "key_stages": 5},
-                   {"key_block": 16, "keys_a": True, "max_registers": 168, "key_stages": 5}):
+                   {"key_block": 16, "keys_a": True, "max_registers": 168}):
         tuning = dataclasses.replace(base, **change)
         _check_against_reference(layer, seams, _run(layer, sc, q_fused, tuning=tuning))

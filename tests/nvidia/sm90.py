@@ -19,15 +19,10 @@ ROOT = HERE.parents[1]
 
 
 def sm90_ptx(fn, consts: dict, kinds: dict, divisible=None, **options) -> str:
-    """PTX of the jit function ``fn`` for SM90 (``sm90_asm``)."""
-    return sm90_asm(fn, consts, kinds, divisible, **options)["ptx"]
-
-
-def sm90_asm(fn, consts: dict, kinds: dict, divisible=None, **options) -> dict:
-    """The compiled forms (``ttgir``, ``ptx``, ...) of the jit function ``fn`` for SM90 with
-    ``consts`` as its constexprs (the others their defaults). Every other argument is of type
-    ``kinds[name]``, else ``*u8`` (a name ending in ``_ptr``) or ``i32``; those
-    ``divisible(name, type)`` picks (by default the pointers) are 16-B divisible."""
+    """PTX of the jit function ``fn`` for SM90 with ``consts`` as its constexprs (the others
+    their defaults). Every other argument is of type ``kinds[name]``, else ``*u8`` (a name
+    ending in ``_ptr``) or ``i32``; those ``divisible(name, type)`` picks (by default the
+    pointers) are 16-B divisible."""
     from dsv41.nvidia.sm90_compile import compile_sm90
 
     divisible = divisible or (lambda name, kind: kind[0] == "*")
@@ -36,7 +31,7 @@ def sm90_asm(fn, consts: dict, kinds: dict, divisible=None, **options) -> dict:
     sig = {n: "constexpr" if n in consts else kinds.get(n, "*u8" if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}  # fmt: skip
     attrs = {n: [["tt.divisibility", 16]] for n in fn.arg_names if divisible(n, sig[n])}
-    return compile_sm90(fn, sig, consts, attrs, **options).asm
+    return compile_sm90(fn, sig, consts, attrs, **options).asm["ptx"]
 
 
 def ptx_facts(script: str, *args: str) -> dict:

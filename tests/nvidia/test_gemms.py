@@ -442,11 +442,6 @@ def test_bad_inputs_name_the_argument(layer):
     with pytest.raises(ValueError, match=r"config: weights_a \(the weights the MMA's A operand\) "
                                          r"needs the MMA loop"):
         mx_gemm(x, layer.wqkv, layer.wqkv_scale, config=dataclasses.replace(gemv, weights_a=True))
-    with pytest.raises(ValueError, match=r"config: ahead \(the MMA loop's reads a step ahead\) "
-                                         r"needs the MMA loop and a dequantized activation"):
-        mma = gemm_config(16, n, k, n_per_group=n, quant_out=False, sms=8)
-        mx_gemm(mxfp8_quantize(x), layer.wqkv, layer.wqkv_scale,
-                config=dataclasses.replace(mma, ahead=True))  # fmt: skip
     with pytest.raises(ValueError, match="needs block_k and K multiples of 128"):
         mma = GemmConfig(block_m=16, block_n=32, block_k=64, split_k=1, code_words=True)
         mx_gemm(x_of(5, x.shape[1], 1), layer.wqkv, layer.wqkv_scale, config=mma)

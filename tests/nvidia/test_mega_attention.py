@@ -239,10 +239,6 @@ def test_keys_as_the_a_operand(fmt):
         plain = _run(layer, sc, q_fused, splits=splits, **change)
         assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
         torch.testing.assert_close(got[2], plain[2], rtol=0, atol=2e-6)
-    ahead = _run(layer, sc, q_fused, splits=splits, keys_a=True, key_stages=5, **change)
-    assert all(torch.equal(a, b) for a, b in zip(ahead, got))
-    with pytest.raises(ValueError, match=r"AttentionTuning.key_stages: expected 2 .. 6"):
-        dataclasses.replace(attention_tuning(1, 16, 640, 132), key_stages=1)
 
 
 @pytest.mark.parametrize("wide,splits", [(False, 3), pytest.param(True, 3, marks=pytest.mark.slow),
@@ -409,21 +405,6 @@ def test_record_prefetch_compiles_for_sm90(fmt):
     assert on["size"] == (["576"] if fmt == "fp8_ds_mla" else ["528"]), on
     assert on["line"] == (1 if fmt == "fp8_ds_mla" else 0), on
     assert off["bulk"] == 0 and off["line"] == 0, off
-
-
-SM90_STAGES = SM90_ATTENTION.replace("sm90_ptx", "sm90_asm") + r"""
-ttgir = attention_ptx(KEY_STAGES=int(sys.argv[1]))["ttgir"]
-print(json.dumps(sorted(set(re.findall(r"memdesc<(\d+)x16x8x64xi8", ttgir)))))
-"""
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
-def test_key_stages_copy_records_a_block_ahead_on_sm90():
-    """``AttentionTuning.key_stages``: compiled for SM90, the key loop's fp8 record copies have one
-    shared-memory buffer at 3 stages (each block's copy waits for the block before it to be
-    computed) and two at 5 (a block's records fly while the one before computes)."""
-    assert ptx_facts(SM90_STAGES, "3") == ["1"]
-    assert ptx_facts(SM90_STAGES, "5") == ["2"]
 
 
 SM90_CAP = SM90_ATTENTION + r"""

@@ -169,11 +169,11 @@ def test_norm_in_wq_b_follows_the_cuda_core_loop(layer):
     assert t1.norm_in_wq_b and t1.wq_b.gemv and not t48.norm_in_wq_b and not t48.wq_b.gemv
 
 
-@pytest.mark.parametrize("field", ["code_words", "weights_a", "ahead"])
+@pytest.mark.parametrize("field", ["code_words", "weights_a"])
 def test_mma_loop_choices_change_no_bit(layer, field):
-    """``GemmConfig.code_words`` (the weight codes read as words), ``weights_a`` (the weights
-    the A operand) and ``ahead`` (each step's reads a step ahead) at every MMA site: every seam
-    of the default step bit for bit, in both record formats."""
+    """``GemmConfig.code_words`` (the weight codes read as words) and ``weights_a`` (the weights
+    the A operand) at every MMA site: every seam of the default step bit for bit, in both
+    record formats."""
     cpu = torch.device("cpu")
     base = tuning_for(layer.dims, cpu, 5)
     words = changed(base, {f"{site}.{field}": True for site in GEMM_SITES})

@@ -323,7 +323,7 @@ def mega_attention_kernel(
     USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False, ALIGNED: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, SPLIT_PAD: tl.constexpr = 1, QK_SPLIT: tl.constexpr = 1,
     trace_ptr=None, TRACE: tl.constexpr = False, xo_deq_ptr=None, XO_DEQ: tl.constexpr = False,
-    KEYS_A: tl.constexpr = False, KEY_STAGES: tl.constexpr = 3,
+    KEYS_A: tl.constexpr = False,
 ):  # fmt: skip
     """Heads ``tile * HT ..`` of token ``pid(0) // tiles`` over keys ``pid(1) * KEYS_PER_SPLIT ..``:
     the finished xo (one split) or fp32 partials for the combine.
@@ -396,8 +396,7 @@ def mega_attention_kernel(
             end = tl.minimum((split + 1) * KEYS_PER_SPLIT, KEYS)
         if KEYS_A:  # acc transposed in the loop
             acc = tl.zeros((_HEAD_DIM, HT), tl.float32)
-        for k0 in tl.range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK,
-                           num_stages=KEY_STAGES):
+        for k0 in range(split * KEYS_PER_SPLIT, (split + 1) * KEYS_PER_SPLIT, BK):
             k, valid = _key_block_tl(table_row, k0, win_ptr, comp_ptr, window_slots,
                                      compressed_slots, end, FMT, WIN_BLOCK, COMP_BLOCK, BK,
                                      ALIGNED)  # fmt: skip
@@ -632,11 +631,6 @@ class AttentionTuning:
     # registers against 243, 2,104 SASS instructions against 2,280; 16-key dots at 168
     # registers: 44 KB, so 3 programs a SM)
     keys_a: bool = False
-    # Software-pipeline stages of the key loop (an A/B choice): at 3 (the launch's) a block's
-    # records are copied after the block before is computed (one buffer: the loop waits for
-    # every block's HBM read); from 5 they are copied a block ahead into a second buffer and fly
-    # while it computes (SM90, M = 48, keys_a: 94 KB against 72, 227 registers against 230)
-    key_stages: int = 3
 
     def __post_init__(self):
         checks = {
@@ -645,7 +639,6 @@ class AttentionTuning:
             "key_block": (self.key_block in KEY_BLOCKS, f"one of {KEY_BLOCKS}"),
             "max_registers": (self.max_registers == 0 or 64 <= self.max_registers <= 255,
                               "0 or 64 .. 255"),
-            "key_stages": (2 <= self.key_stages <= 6, "2 .. 6"),
             "splits": (self.splits >= 1 and self.keys_per_split % KEY_BLOCK == 0,
                        f"splits >= 1 of whole {KEY_BLOCK}-key blocks"),
         }  # fmt: skip
@@ -832,7 +825,7 @@ def mega_attention(
         QK_SPLIT=tuning.qk_split,
         trace_ptr=lse if trace is None else trace, TRACE=trace is not None,
         xo_deq_ptr=lse if xo_deq is None else xo_deq, XO_DEQ=xo_deq is not None,
-        KEYS_A=tuning.keys_a and not early, KEY_STAGES=tuning.key_stages,
+        KEYS_A=tuning.keys_a and not early,
         **register_cap(tuning.max_registers), **pdl_launch_options(pdl),
     )  # fmt: skip
     if splits > 1:

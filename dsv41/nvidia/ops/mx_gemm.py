@@ -120,19 +120,11 @@ def _mx_tile(
     """``values * 2^(code - 127)`` of MXFP8 ``rows`` x columns ``k0 .. k0 + BLOCK_K``, fp32.
     ``WORDS`` (4-B aligned code rows, ``k0`` a multiple of 128): the codes read as int32 words,
     so a loop's pipeliner copies them ahead with the values (it takes no 1-B loads)."""
-    v, c = _mx_raw(v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_K, WORDS)
-    return mx_dequantize_tl(v, c, BLOCK_R, BLOCK_K)
-
-
-@triton.jit
-def _mx_raw(v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_K: tl.constexpr,
-            WORDS: tl.constexpr):  # fmt: skip
-    """``_mx_tile``'s reads: the e4m3 values and int32 codes (0 where not ``row_ok``)."""
     k = k0 + tl.arange(0, BLOCK_K)
     v = tl.load(v_ptr + rows[:, None] * stride_v + k[None, :], mask=row_ok[:, None], other=0.0)
     c = code_rows_tl(c_ptr + rows.to(tl.int64) * stride_c + k0 // _MX, row_ok, BLOCK_K // _MX,
                      WORDS)  # fmt: skip
-    return v, c
+    return mx_dequantize_tl(v, c, BLOCK_R, BLOCK_K)
 
 
 @triton.jit
@@ -153,35 +145,6 @@ def _mma_tl(acc, a, w, WEIGHTS_A: tl.constexpr, DOT_BF16: tl.constexpr):
     if DOT_BF16:
         return tl.dot(x, y, acc)
     return tl.dot(x, y, acc, input_precision="ieee")
-
-
-@triton.jit
-def _mma_ahead(acc, a_ptr, w_ptr, w_codes_ptr, rows, row_ok, n64, n_ok, stride_am, group, k_lo,
-               K: tl.constexpr, K_SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
-               A_MODE: tl.constexpr, CODE_WORDS: tl.constexpr, WEIGHTS_A: tl.constexpr,
-               DOT_BF16: tl.constexpr):  # fmt: skip
-    """The MMA loop over ``k_lo .. k_lo + K_SPLIT`` with each step's weights (values, codes)
-    and dequantized activation read into registers while the step before computes, the loop
-    left unpipelined: no shared-memory stage waits for a read issued after the compute."""
-    tl.static_assert(A_MODE == A_DEQ, "the reads ahead take the dequantized activation")
-    kk = tl.arange(0, BLOCK_K)
-    v_n, c_n = _mx_raw(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k_lo, BLOCK_K, CODE_WORDS)
-    a_n = tl.load(a_ptr + rows[:, None] * stride_am + (group * K + k_lo + kk)[None, :],
-                  mask=row_ok[:, None], other=0.0)  # fmt: skip
-    for k0 in tl.range(k_lo, k_lo + K_SPLIT, BLOCK_K, num_stages=1):
-        v, c, a = v_n, c_n, a_n
-        nxt = k0 + BLOCK_K  # the last step reads nothing ahead (masks all false)
-        more_n = n_ok & (n64 * 0 + nxt < k_lo + K_SPLIT)
-        more_m = row_ok & (rows * 0 + nxt < k_lo + K_SPLIT)
-        v_n, c_n = _mx_raw(w_ptr, w_codes_ptr, n64, more_n, K, K // _MX, nxt, BLOCK_K,
-                           CODE_WORDS)  # fmt: skip
-        a_n = tl.load(a_ptr + rows[:, None] * stride_am + (group * K + nxt + kk)[None, :],
-                      mask=more_m[:, None], other=0.0)  # fmt: skip
-        w = mx_dequantize_tl(v, c, n64.shape[0], BLOCK_K)
-        if not DOT_BF16:
-            a = a.to(tl.float32)
-        acc = _mma_tl(acc, a, w, WEIGHTS_A, DOT_BF16)
-    return acc
 
 
 @triton.jit
@@ -428,7 +391,6 @@ def mx_gemm_kernel(
     RP_COMP_BLOCK: tl.constexpr = 1,
     CODE_WORDS: tl.constexpr = False,
     WEIGHTS_A: tl.constexpr = False,
-    AHEAD: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -546,42 +508,37 @@ def mx_gemm_kernel(
         kk = tl.arange(0, BLOCK_K)
         if WEIGHTS_A:  # acc transposed in the loop
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if AHEAD:  # each step's reads issued a step ahead, into registers
-            acc = _mma_ahead(acc, a_ptr, w_ptr, w_codes_ptr, rows, row_ok, n64, n_ok, stride_am,
-                             group, pid_k * K_SPLIT, K, K_SPLIT, BLOCK_K, A_MODE, CODE_WORDS,
-                             WEIGHTS_A, DOT_BF16)  # fmt: skip
-        else:
-            for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
-                k = k0 + kk
-                w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K,
-                             CODE_WORDS)  # fmt: skip
-                if A_MODE == A_MX:
-                    a = _mx_tile(
-                        a_ptr,
-                        a_codes_ptr,
-                        rows,
-                        row_ok,
-                        stride_am,
-                        stride_acm,
-                        group * K + k0,
-                        BLOCK_M,
-                        BLOCK_K,
-                    )
-                elif A_MODE == A_DEQ:  # the dot's operand as read (bf16 on the GPU)
-                    a = tl.load(a_ptr + rows[:, None] * stride_am + (group * K + k)[None, :],
-                                mask=row_ok[:, None], other=0.0)  # fmt: skip
-                    if not DOT_BF16:
-                        a = a.to(tl.float32)
-                elif A_MODE == A_CAST:
-                    x = tl.load(a_ptr + rows[:, None] * stride_am + k[None, :],
-                                mask=row_ok[:, None], other=0.0)  # fmt: skip
-                    a = mx_round_tl(x.to(tl.float32), BLOCK_M, BLOCK_K)
-                else:
-                    o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group,
-                                        row_ok, stride_am, G, HEAD_DIM, NOPE, HALF_ROPE,
-                                        BLOCK_M, BLOCK_K)  # fmt: skip
-                    a = mx_round_tl(o, BLOCK_M, BLOCK_K)
-                acc = _mma_tl(acc, a, w, WEIGHTS_A, DOT_BF16)
+        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
+            k = k0 + kk
+            w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K,
+                         CODE_WORDS)  # fmt: skip
+            if A_MODE == A_MX:
+                a = _mx_tile(
+                    a_ptr,
+                    a_codes_ptr,
+                    rows,
+                    row_ok,
+                    stride_am,
+                    stride_acm,
+                    group * K + k0,
+                    BLOCK_M,
+                    BLOCK_K,
+                )
+            elif A_MODE == A_DEQ:  # the dot's operand as read (bf16 on the GPU)
+                a = tl.load(a_ptr + rows[:, None] * stride_am + (group * K + k)[None, :],
+                            mask=row_ok[:, None], other=0.0)  # fmt: skip
+                if not DOT_BF16:
+                    a = a.to(tl.float32)
+            elif A_MODE == A_CAST:
+                x = tl.load(
+                    a_ptr + rows[:, None] * stride_am + k[None, :], mask=row_ok[:, None], other=0.0
+                )
+                a = mx_round_tl(x.to(tl.float32), BLOCK_M, BLOCK_K)
+            else:
+                o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
+                                    G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
+                a = mx_round_tl(o, BLOCK_M, BLOCK_K)
+            acc = _mma_tl(acc, a, w, WEIGHTS_A, DOT_BF16)
         if WEIGHTS_A:
             acc = tl.trans(acc)
 
@@ -629,9 +586,6 @@ class GemmConfig:
     code_words: bool = False
     # MMA loop: the weights the A operand (acc [N, M], transposed at the end; an A/B choice)
     weights_a: bool = False
-    # MMA loop: each step's weights and activation read into registers a step ahead, the loop
-    # unpipelined, where 2 stages hold one buffer and wait for each read (an A/B choice)
-    ahead: bool = False
 
     @property
     def k_split(self) -> int:
@@ -979,11 +933,6 @@ def mx_gemm(
             f"config: weights_a (the weights the MMA's A operand) needs the MMA loop, got the "
             f"CUDA-core loop's {cfg}"
         )
-    if cfg.ahead and (cfg.gemv or mode != A_DEQ):
-        raise ValueError(
-            f"config: ahead (the MMA loop's reads a step ahead) needs the MMA loop and a "
-            f"dequantized activation, got {cfg} with activation mode {mode}"
-        )
     if cfg.gemv and (mode == A_O or cfg.k_split * cfg.split_k != k):
         raise ValueError(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
@@ -1054,7 +1003,6 @@ def mx_gemm(
         TRACE=trace is not None,
         CODE_WORDS=cfg.code_words,
         WEIGHTS_A=cfg.weights_a,
-        AHEAD=cfg.ahead,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and current_platform().ptx else {}),
         **pdl_launch_options(pdl),
