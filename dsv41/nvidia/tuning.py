@@ -121,6 +121,19 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
     )
 
 
+def preload_changes(dims: Dims, tokens: int, columns: int) -> dict[str, object]:
+    """``changed`` fields putting each MMA site of ``tokens``'s bucket on one K step a program of
+    at most ``columns`` columns, its weights read before the PDL wait (``GemmConfig.preload``;
+    A/B runs: ``dsv41 bench --variant``)."""
+    out: dict[str, object] = {}
+    for site, (n, k, npg, quant) in gemm_shapes(dims).items():
+        c = gemm_config(tokens, n, k, n_per_group=npg or n, quant_out=quant, sms=1,
+                        gemv_ok=False, preload=columns)  # fmt: skip
+        out |= {f"{site}.{f}": getattr(c, f) for f in ("preload", "block_k", "split_k",
+                                                       "num_stages")}  # fmt: skip
+    return out
+
+
 @functools.cache
 def _cached(dims: Dims, sms: int, bucket: int, pdl: bool | None, platform: Platform) -> Tuning:
     return resolve(dims, sms, bucket)  # pdl and platform: the cache key of what resolve reads

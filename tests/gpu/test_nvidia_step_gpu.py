@@ -195,10 +195,12 @@ def test_attention_trace_stamps_every_program(layer, tokens):
 def test_dequantized_activation_changes_no_bit(layer, m):
     """The MMA loop on a ``Dequantized`` activation (the step's) gives the bits of the same loop
     converting the MXFP8 operand itself, for each GEMM site's tiles at real geometry, and so
-    does it with the weight codes read as words (``code_words``); with the weights the A
-    operand (``weights_a``: wgmma, another order of the fp32 sums) within a bf16 ulp."""
+    does it with the weight codes read as words (``code_words``), and one K step a program
+    read before the wait (``preload``) gives the bits of the same tiles in the loop; with the
+    weights the A operand (``weights_a``: wgmma, another order of the fp32 sums) within a bf16
+    ulp."""
     from dsv41.common.mx import mxfp8_round
-    from dsv41.nvidia.ops.mx_gemm import Dequantized, mx_gemm
+    from dsv41.nvidia.ops.mx_gemm import Dequantized, gemm_config, mx_gemm
     from dsv41.nvidia.tuning import GEMM_SITES, tuning_for
 
     t = tuning_for(layer.dims, DEVICE, m)
@@ -217,6 +219,13 @@ def test_dequantized_activation_changes_no_bit(layer, m):
         words = mx_gemm(Dequantized(mxfp8_round(x).bfloat16()), w, scale, n_per_group=npg,
                         config=dataclasses.replace(cfg, code_words=True))  # fmt: skip
         assert torch.equal(words.view(torch.uint8), want.view(torch.uint8)), site
+        pre = gemm_config(m, w.shape[0], w.shape[1], n_per_group=npg, quant_out=False,
+                          sms=t.sms, gemv_ok=False, preload=256)  # fmt: skip
+        ahead = mx_gemm(Dequantized(mxfp8_round(x).bfloat16()), w, scale, n_per_group=npg,
+                        config=pre)  # fmt: skip
+        loop = mx_gemm(mxfp8_quantize(x), w, scale, n_per_group=npg,
+                       config=dataclasses.replace(pre, preload=False))  # fmt: skip
+        assert torch.equal(ahead.view(torch.uint8), loop.view(torch.uint8)), site
         swapped = mx_gemm(Dequantized(mxfp8_round(x).bfloat16()), w, scale, n_per_group=npg,
                           config=dataclasses.replace(cfg, weights_a=True)).float()  # fmt: skip
         ref = want.float()  # a bf16 ulp, or 1e-4 of the rms where the sums cancel

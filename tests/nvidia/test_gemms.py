@@ -161,6 +161,26 @@ def test_wo_a_and_wo_b_on_dequantized_activations(layer):
     assert torch.equal(y, mx_gemm(z8, layer.wo_b, layer.wo_b_scale))
 
 
+@pytest.mark.parametrize("site", ["wqkv", "wq_b", "wo_a", "wo_b"])
+def test_preloaded_mma_loop_matches_the_reference(layer, site):
+    """``gemm_config(preload=...)``: one K step a program, read before the wait; each site's
+    output within a bf16 step of ``mx_linear`` on its dequantized MXFP8 activation."""
+    m, w, scale = 5, getattr(layer, site), getattr(layer, f"{site}_scale")
+    npg = layer.dims.model.o_rank if site == "wo_a" else w.shape[0]
+    n, k = w.shape
+    cfg = gemm_config(m, n, k, n_per_group=npg, quant_out=False, sms=8, gemv_ok=False,
+                      preload=64)  # fmt: skip
+    assert cfg.preload and cfg.block_k * cfg.split_k == k and cfg.split_k > 1, cfg
+    a8 = mxfp8_quantize(x_of(m, k * (n // npg), 40))
+    got = mx_gemm(Dequantized(mxfp8_dequantize(*a8).bfloat16()), w, scale, n_per_group=npg,
+                  scratch=Scratch(), config=cfg)  # fmt: skip
+    if site == "wo_a":
+        want = wo_a_grouped(layer, mxfp8_dequantize(*a8)).reshape(m, n)
+    else:
+        want = mx_linear(a8, w, scale)
+    assert_bf16_close(got, want)
+
+
 def test_wo_b(layer):
     """Seam y: ``mx_linear(z8, Wo_b)``."""
     z8 = mxfp8_quantize(x_of(5, layer.dims.o_rows, 30))
@@ -442,6 +462,12 @@ def test_bad_inputs_name_the_argument(layer):
     with pytest.raises(ValueError, match=r"config: weights_a \(the weights the MMA's A operand\) "
                                          r"needs the MMA loop"):
         mx_gemm(x, layer.wqkv, layer.wqkv_scale, config=dataclasses.replace(gemv, weights_a=True))
+    with pytest.raises(ValueError, match=r"config: preload \(the MMA loop's weights read "
+                                         r"before the wait\) needs the MMA loop"):
+        mx_gemm(x, layer.wqkv, layer.wqkv_scale, config=dataclasses.replace(gemv, preload=True))
+    with pytest.raises(ValueError, match=r"and one K step a program \(block_k \* split_k = "):
+        mma = GemmConfig(block_m=16, block_n=32, block_k=64, split_k=1, preload=True)
+        mx_gemm(x_of(5, x.shape[1], 1), layer.wqkv, layer.wqkv_scale, config=mma)
     with pytest.raises(ValueError, match="needs block_k and K multiples of 128"):
         mma = GemmConfig(block_m=16, block_n=32, block_k=64, split_k=1, code_words=True)
         mx_gemm(x_of(5, x.shape[1], 1), layer.wqkv, layer.wqkv_scale, config=mma)
@@ -487,6 +513,8 @@ if sys.argv[2:] == ["records"]:  # 640 entries of fp8_ds_mla records over 512 pr
     consts.update(RP_PER=2, RP_PAD=2, RP_TOTAL=640)
 if sys.argv[2:] == ["words"]:
     consts.update(CODE_WORDS=True)
+if sys.argv[2:] == ["preload"]:  # one K step a program, read before the PDL wait
+    consts.update(SPLIT_K=5, PRELOAD=True, USE_PDL=True)
 if consts["GEMV"]:
     consts.update(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, SPLIT_K=5, USE_PDL=True)
 kinds = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "out_ptr": "*bf16", "out8_ptr": "*fp8e4nv",
@@ -521,6 +549,15 @@ def test_weight_code_words_are_copied_ahead_on_sm90():
     plain, words = (ptx_facts(SM90_COMPILE, "mma", r) for r in ("none", "words"))
     assert plain["word_copies"] == 0 and words["word_copies"] > 0, (plain, words)
     assert words["cp_async"] == plain["cp_async"] > 0, (plain, words)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")
+def test_preloaded_weights_are_read_before_the_wait_on_sm90():
+    """The MMA loop compiled for SM90 with ``preload``: its one weight tile (32 x 256 bytes over
+    128 threads) arrives by 16-byte loads issued before the PDL wait, not by cp.async."""
+    counts = ptx_facts(SM90_COMPILE, "mma", "preload")
+    assert counts["waits"] == 1 and counts["wide_before_wait"] >= 4, counts
+    assert counts["mma"] > 0 and counts["byte_loads"] <= 2, counts
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile for the real device")

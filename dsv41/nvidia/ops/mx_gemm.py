@@ -113,18 +113,55 @@ GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warp
 
 
 @triton.jit
-def _mx_tile(
-    v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False,
-):  # fmt: skip
-    """``values * 2^(code - 127)`` of MXFP8 ``rows`` x columns ``k0 .. k0 + BLOCK_K``, fp32.
-    ``WORDS`` (4-B aligned code rows, ``k0`` a multiple of 128): the codes read as int32 words,
-    so a loop's pipeliner copies them ahead with the values (it takes no 1-B loads)."""
+def _mx_load(v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_K: tl.constexpr,
+             WORDS: tl.constexpr = False):  # fmt: skip
+    """MXFP8 ``rows`` x columns ``k0 .. k0 + BLOCK_K`` as read: e4m3 values and int32 codes
+    ``[R, BLOCK_K / 32]``. ``WORDS`` (4-B aligned code rows, ``k0`` a multiple of 128): the
+    codes read as int32 words, so a loop's pipeliner copies them ahead with the values (it
+    takes no 1-B loads)."""
     k = k0 + tl.arange(0, BLOCK_K)
     v = tl.load(v_ptr + rows[:, None] * stride_v + k[None, :], mask=row_ok[:, None], other=0.0)
     c = code_rows_tl(c_ptr + rows.to(tl.int64) * stride_c + k0 // _MX, row_ok, BLOCK_K // _MX,
                      WORDS)  # fmt: skip
+    return v, c
+
+
+@triton.jit
+def _mx_tile(
+    v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr, WORDS: tl.constexpr = False,
+):  # fmt: skip
+    """``values * 2^(code - 127)`` of MXFP8 ``rows`` x columns ``k0 .. k0 + BLOCK_K``, fp32
+    (``_mx_load``)."""
+    v, c = _mx_load(v_ptr, c_ptr, rows, row_ok, stride_v, stride_c, k0, BLOCK_K, WORDS)
     return mx_dequantize_tl(v, c, BLOCK_R, BLOCK_K)
+
+
+@triton.jit
+def _mma_act(a_ptr, a_codes_ptr, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, stride_am, stride_acm,
+             group, k0, K: tl.constexpr, A_MODE: tl.constexpr, DOT_BF16: tl.constexpr,
+             G: tl.constexpr, HEAD_DIM: tl.constexpr, NOPE: tl.constexpr,
+             HALF_ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """The MMA loop's activation ``[BLOCK_M, BLOCK_K]`` at columns ``k0`` of group ``group``:
+    the exact values of its MXFP8 form, as its ``A_MODE`` prologue makes them."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    if A_MODE == A_MX:
+        a = _mx_tile(a_ptr, a_codes_ptr, rows, row_ok, stride_am, stride_acm, group * K + k0,
+                     BLOCK_M, BLOCK_K)  # fmt: skip
+    elif A_MODE == A_DEQ:  # the dot's operand as read (bf16 on the GPU)
+        a = tl.load(a_ptr + rows[:, None] * stride_am + (group * K + k)[None, :],
+                    mask=row_ok[:, None], other=0.0)  # fmt: skip
+        if not DOT_BF16:
+            a = a.to(tl.float32)
+    elif A_MODE == A_CAST:
+        x = tl.load(a_ptr + rows[:, None] * stride_am + k[None, :], mask=row_ok[:, None],
+                    other=0.0)  # fmt: skip
+        a = mx_round_tl(x.to(tl.float32), BLOCK_M, BLOCK_K)
+    else:
+        o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
+                            G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
+        a = mx_round_tl(o, BLOCK_M, BLOCK_K)
+    return a
 
 
 @triton.jit
@@ -391,6 +428,7 @@ def mx_gemm_kernel(
     RP_COMP_BLOCK: tl.constexpr = 1,
     CODE_WORDS: tl.constexpr = False,
     WEIGHTS_A: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,
 ):
     """``out[m, n] = sum_k a8[m, g K + k] w8[n, k]`` over a K split, ``g = n // N_PER_GROUP``.
     ``HW_E4M3`` (the GPU): the CUDA-core loop's activation cast, and the bf16 rounds, use the
@@ -422,6 +460,10 @@ def mx_gemm_kernel(
             t8, tc, tcol = _gemv_tile(w_ptr, w_codes_ptr, n64, n_ok,
                                       (pid_k + 1) * K_SPLIT - K_TAIL, K, K_TAIL // _MX)  # fmt: skip
             tg = _gemv_norm_weight(norm_ptr, tcol, A_MODE)
+    if PRELOAD:  # MMA, one K step a program: its weight tile is read before the wait
+        tl.static_assert(not GEMV and BLOCK_K == K_SPLIT, "preload: one K step a program")
+        w_values, w_codes = _mx_load(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, pid_k * K_SPLIT,
+                                     BLOCK_K, CODE_WORDS)  # fmt: skip
     if RP_PER > 0:  # the key table is a step input and no record is read: safe before the wait
         pid = (pid_m * SPLIT_K + pid_k) * tl.num_programs(0) + pid_n
         prefetch_share_tl(pid, rp_table_ptr, rp_win_ptr, rp_comp_ptr, rp_window_slots,
@@ -505,40 +547,22 @@ def mx_gemm_kernel(
                               K_TAIL // _MX, BLOCK_M)  # fmt: skip
     else:
         tl.static_assert(A_MODE != A_NORM, "the fused RMSNorm prologue runs on the CUDA-core loop")
-        kk = tl.arange(0, BLOCK_K)
         if WEIGHTS_A:  # acc transposed in the loop
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
-            k = k0 + kk
-            w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K,
-                         CODE_WORDS)  # fmt: skip
-            if A_MODE == A_MX:
-                a = _mx_tile(
-                    a_ptr,
-                    a_codes_ptr,
-                    rows,
-                    row_ok,
-                    stride_am,
-                    stride_acm,
-                    group * K + k0,
-                    BLOCK_M,
-                    BLOCK_K,
-                )
-            elif A_MODE == A_DEQ:  # the dot's operand as read (bf16 on the GPU)
-                a = tl.load(a_ptr + rows[:, None] * stride_am + (group * K + k)[None, :],
-                            mask=row_ok[:, None], other=0.0)  # fmt: skip
-                if not DOT_BF16:
-                    a = a.to(tl.float32)
-            elif A_MODE == A_CAST:
-                x = tl.load(
-                    a_ptr + rows[:, None] * stride_am + k[None, :], mask=row_ok[:, None], other=0.0
-                )
-                a = mx_round_tl(x.to(tl.float32), BLOCK_M, BLOCK_K)
-            else:
-                o = o_fused_tile_tl(a_ptr, pos_ptr, cos_ptr, sin_ptr, rows, k0, group, row_ok, stride_am,
-                                    G, HEAD_DIM, NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
-                a = mx_round_tl(o, BLOCK_M, BLOCK_K)
+        if PRELOAD:
+            w = mx_dequantize_tl(w_values, w_codes, BLOCK_N, BLOCK_K)
+            a = _mma_act(a_ptr, a_codes_ptr, pos_ptr, cos_ptr, sin_ptr, rows, row_ok, stride_am,
+                         stride_acm, group, pid_k * K_SPLIT, K, A_MODE, DOT_BF16, G, HEAD_DIM,
+                         NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
             acc = _mma_tl(acc, a, w, WEIGHTS_A, DOT_BF16)
+        else:
+            for k0 in range(pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT, BLOCK_K):
+                w = _mx_tile(w_ptr, w_codes_ptr, n64, n_ok, K, K // _MX, k0, BLOCK_N, BLOCK_K,
+                             CODE_WORDS)  # fmt: skip
+                a = _mma_act(a_ptr, a_codes_ptr, pos_ptr, cos_ptr, sin_ptr, rows, row_ok,
+                             stride_am, stride_acm, group, k0, K, A_MODE, DOT_BF16, G, HEAD_DIM,
+                             NOPE, HALF_ROPE, BLOCK_M, BLOCK_K)  # fmt: skip
+                acc = _mma_tl(acc, a, w, WEIGHTS_A, DOT_BF16)
         if WEIGHTS_A:
             acc = tl.trans(acc)
 
@@ -586,6 +610,9 @@ class GemmConfig:
     code_words: bool = False
     # MMA loop: the weights the A operand (acc [N, M], transposed at the end; an A/B choice)
     weights_a: bool = False
+    # MMA loop of one K step a program (block_k * split_k = K): its weight tile read before the
+    # PDL wait, so all of its bytes are in flight at once (an A/B choice)
+    preload: bool = False
 
     @property
     def k_split(self) -> int:
@@ -681,12 +708,14 @@ def gemv_config(
 def gemm_config(
     m: int, n: int, k: int, *, n_per_group: int, quant_out: bool, sms: int,
     block_k_max: int = BLOCK_K_MAX, gemv_ok: bool = True, rules: GemvRules = GEMV,
+    preload: int = 0,
 ) -> GemmConfig:  # fmt: skip
     """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
 
     Token buckets up to ``rules.max_m`` take the CUDA-core loop where ``gemv_ok``. A
     function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves;
-    on ROCm K steps are at most ``ROCM_BLOCK_K_MAX``.
+    on ROCm K steps are at most ``ROCM_BLOCK_K_MAX``. ``preload`` > 0: the MMA loop of one K
+    step a program of at most ``preload`` columns, read before the PDL wait.
     """
     m = bucket_for(m)
     if gemv_ok and m <= rules.max_m:
@@ -696,9 +725,11 @@ def gemm_config(
     block_n = 64 if n_per_group % 64 == 0 else 32
     if current_platform().kind == "rocm":
         block_k_max = min(block_k_max, ROCM_BLOCK_K_MAX)
-    block_k = block_k_max  # the largest power of two <= block_k_max dividing K (K % 32 == 0)
-    while k % block_k:
-        block_k //= 2
+        preload = min(preload, ROCM_BLOCK_K_MAX)
+    block_k = _pow2_dividing(k, preload or block_k_max)  # K % 32 == 0
+    if preload:
+        return GemmConfig(block_m, block_n, block_k, k // block_k, num_warps=4, num_stages=1,
+                          preload=True)  # fmt: skip
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split_k = 1
     while tiles * split_k < PROGRAMS_PER_SM * sms:
@@ -933,6 +964,11 @@ def mx_gemm(
             f"config: weights_a (the weights the MMA's A operand) needs the MMA loop, got the "
             f"CUDA-core loop's {cfg}"
         )
+    if cfg.preload and (cfg.gemv or cfg.block_k * cfg.split_k != k):
+        raise ValueError(
+            f"config: preload (the MMA loop's weights read before the wait) needs the MMA "
+            f"loop and one K step a program (block_k * split_k = {k}), got {cfg}"
+        )
     if cfg.gemv and (mode == A_O or cfg.k_split * cfg.split_k != k):
         raise ValueError(
             f"config: the CUDA-core loop takes MXFP8 or bf16 activations and whole K steps "
@@ -1003,6 +1039,7 @@ def mx_gemm(
         TRACE=trace is not None,
         CODE_WORDS=cfg.code_words,
         WEIGHTS_A=cfg.weights_a,
+        PRELOAD=cfg.preload,
         **(records.kernel_args(math.prod(grid)) if records is not None and cfg.gemv
            and current_platform().ptx else {}),
         **pdl_launch_options(pdl),
