@@ -14,7 +14,9 @@ of the step before, so PDL's early starts and every kernel's own span show. ``--
 the same graph with every GEMM program stamping its start, the end of its PDL wait and its end
 (``Scratch.trace``): which programs started only after their predecessor ended, and how long a
 program runs past its wait. ``--attn-trace``: that with the attention and combine programs'
-stamps too (``mega_attention.trace_buffer``), on the same clock.
+stamps too (``mega_attention.trace_buffer``), on the same clock. ``--l2``: each GEMM site with
+the step's tiles at M, back to back in a graph, its weights L2-resident (one copy) against
+rotated copies from HBM, beside an empty launch: equal times mean HBM is not the bound.
 
     python benchmarks/profile_step.py --tp 4 --tokens 1,48 --breakdown --sweep --attn-sweep
 """
@@ -27,6 +29,7 @@ from collections import defaultdict
 
 import torch
 import triton
+import triton.language as tl
 
 from dsv41.bench import replay_seconds
 from dsv41.common.geometry import Dims
@@ -368,6 +371,46 @@ def sweep(dims: Dims, tokens: list[int], only: list[str] | None = None) -> None:
             print(f"  default, weights in L2: {l2_us:.2f} us")
 
 
+@triton.jit
+def _empty_kernel(flag_ptr, program):
+    if tl.program_id(0) == program:  # never: a launch that does nothing
+        tl.store(flag_ptr, 1)
+
+
+def l2_or_hbm(dims: Dims, tokens: list[int]) -> None:
+    from dsv41.common.mx import E4M3
+    from dsv41.nvidia.ops.mx_gemm import Dequantized, mx_gemm, scratch_for
+    from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, tuning_for
+
+    dev = torch.device("cuda")
+    flag = torch.zeros(1, dtype=torch.int32, device=dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    print(f"an empty launch of {sms} programs: "
+          f"{graph_us(lambda: _empty_kernel[(sms,)](flag, -1)):.2f} us")  # fmt: skip
+    for m in tokens:
+        t = tuning_for(dims, dev, m)
+        print(f"\nM = {m}: us a launch, the step's tiles (PDL off: back to back)")
+        for site in GEMM_SITES:
+            n, k, npg, quant = gemm_shapes(dims)[site]
+            cfg = getattr(t, site)
+            groups = 1 if npg is None else n // npg
+            ws = [(torch.randn(n, k, device=dev).clamp(-400, 400).to(E4M3),
+                   torch.randint(118, 124, (n, k // 32), dtype=torch.uint8, device=dev))
+                  for _ in range(COPIES)]  # fmt: skip
+            x = torch.randn(m, groups * k, device=dev).bfloat16()
+            a = x if cfg.gemv else Dequantized(x)
+            out8 = (torch.empty(m, n, dtype=E4M3, device=dev),
+                    torch.empty(m, n // 32, dtype=torch.uint8, device=dev)) if quant else None
+            us = {}
+            for name, copies in (("L2", ws[:1] * COPIES), ("HBM", ws)):
+                us[name] = graph_us(lambda copies=copies: [
+                    mx_gemm(a, *w, out8=out8, n_per_group=npg, config=cfg, pdl=False,
+                            scratch=scratch_for(site)) for w in copies], calls=COPIES)  # fmt: skip
+            mb = n * k * 33 / 32 / 1e6
+            print(f"  {site:5s} {mb:6.2f} MB  weights in L2 {us['L2']:6.2f} us  from HBM "
+                  f"{us['HBM']:6.2f} us ({mb / us['HBM']:.2f} TB/s)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="dsv41-flash")
@@ -381,6 +424,7 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true")
     p.add_argument("--gemv-trace", action="store_true")
     p.add_argument("--attn-trace", action="store_true", help="--gemv-trace with attention's")
+    p.add_argument("--l2", action="store_true", help="each GEMM with its weights in L2 and not")
     p.add_argument("--layers", type=int, default=None,
                    help="layers in the graph of --chain, --timeline and the traces (default: the "
                         "bench's, the model's layers)")
@@ -397,6 +441,8 @@ def main() -> None:
         chain(dims, tokens, args.layers)
     if args.timeline:
         timeline(dims, tokens, args.layers)
+    if args.l2:
+        l2_or_hbm(dims, tokens)
     if args.gemv_trace or args.attn_trace:
         gemv_trace(dims, tokens, attention=args.attn_trace, n_layers=args.layers)
 

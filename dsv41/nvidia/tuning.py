@@ -128,7 +128,7 @@ def preload_changes(dims: Dims, tokens: int, columns: int) -> dict[str, object]:
     out: dict[str, object] = {}
     for site, (n, k, npg, quant) in gemm_shapes(dims).items():
         c = gemm_config(tokens, n, k, n_per_group=npg or n, quant_out=quant, sms=1,
-                        gemv_ok=False, preload=columns)  # fmt: skip
+                        block_k_max=columns, gemv_ok=False, preload=columns)  # fmt: skip
         out |= {f"{site}.{f}": getattr(c, f) for f in ("preload", "block_k", "split_k",
                                                        "num_stages")}  # fmt: skip
     return out

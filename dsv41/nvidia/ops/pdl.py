@@ -9,10 +9,11 @@ are of weights only, which no kernel writes (a server that reloads weights
 synchronises before its next step).
 
 On by default for steps of up to ``PDL_MAX_TOKENS`` tokens (``DSV41_PDL`` = 1 / 0
-forces it on / off at every M): where the GEMMs run the CUDA-core loop (``mx_gemm.GEMV_MAX_M``)
-PDL shortens the step (tp 4, M = 2: 41.6 against 56.4 us on the H200); with the MMA loop it
-cost 4.5 to 9 us. Each kernel releases its dependents at its start (a later release measured
-slower).
+forces it on / off at every M), where every GEMM reads its weights before the wait: the
+CUDA-core loop (``mx_gemm.GEMV_MAX_M``; tp 4, M = 2: 41.6 against 56.4 us on the H200) and
+the MMA loop of one K step a program (``mx_gemm.PRELOAD_MAX_M``; H100, tp 4, M = 4: 49.4
+against 59.6). With the pipelined MMA loop, which reads after the wait, it cost 1 to 9 us.
+Each kernel releases its dependents at its start (a later release measured slower).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from dsv41.common import switches
 from dsv41.common.platform import current_platform
 
-PDL_MAX_TOKENS = 2
+PDL_MAX_TOKENS = 8
 
 
 def pdl_enabled(tokens: int) -> bool:
