@@ -186,7 +186,8 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, n_layers:
                   f"Wqkv's first wait ended; 'late': programs that started after the site's "
                   f"first wait ended (its predecessor's end + ~0.5 us)")
             print("  site   progs SMs most/SM | start p0 p50 p100 | late | waited p0 p100 "
-                  "| end p50 p100 | after wait p50 p100")
+                  "| end p50 p100 | after wait p50 p100 | K loop p50 p100 | split-K sum and "
+                  "epilogue p50 p100")
             t0 = None
             for site in GEMM_SITES:
                 t = traces[site]
@@ -199,12 +200,16 @@ def gemv_trace(dims: Dims, tokens: list[int], attention: bool = False, n_layers:
                 first_wait = waited.min()
                 per_sm = torch.bincount(t[:, 3].long())
                 work = end - waited
+                loop = (t[:, 4] - t[:, 1]) / 1e3  # the K loop, after the wait
+                tail = (t[:, 2] - t[:, 4]) / 1e3  # the split-K sum (ticket) and the epilogue
                 sms = f"{int((per_sm > 0).sum()):3d} {int(per_sm.max()):3d}"
                 print(f"  {site:6s} {len(t):5d} {sms} "
                       f"| {q(start, 0):6.2f} {q(start, .5):6.2f} {q(start, 1):6.2f} "
                       f"| {int((start > first_wait).sum()):4d} "
                       f"| {q(waited, 0):6.2f} {q(waited, 1):6.2f} | {q(end, .5):6.2f} "
-                      f"{q(end, 1):6.2f} | {q(work, .5):5.2f} {q(work, 1):5.2f}")
+                      f"{q(end, 1):6.2f} | {q(work, .5):5.2f} {q(work, 1):5.2f} "
+                      f"| {q(loop, .5):5.2f} {q(loop, 1):5.2f} | {q(tail, .5):5.2f} "
+                      f"{q(tail, 1):5.2f}")
                 # Past the wait by how many of the site's programs share the SM (one kernel's
                 # programs do the same work: a longer time with more of them is issue-bound).
                 print(f"         after wait by its programs on the SM: "

@@ -109,15 +109,16 @@ def test_graph_replay_equals_eager(layer, m):
         assert torch.equal(graph_caches.window_cache.data, eager_caches.window_cache.data)
 
 
-def test_gemm_trace_stamps_every_program(layer):
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_gemm_trace_stamps_every_program(layer, tokens):
     """A traced step (``Scratch.trace``, what ``profile_step.py --gemv-trace`` reads): every
-    program of every GEMM stamps start <= wait over <= end and an SM of the GPU, and the output
-    equals the untraced step's."""
+    program of every GEMM stamps start <= wait over <= K loop done <= end and an SM of the GPU,
+    and the output equals the untraced step's, at one token and at 8 (the MMA loop)."""
     from dsv41.nvidia.ops.launch import sm_count
     from dsv41.nvidia.ops.mx_gemm import TRACE_FIELDS, scratch_for
     from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes
 
-    sc = make_scenario(layer.dims, LAYER_ID, 1, fmt="fp8_ds_mla", seed=5, device=DEVICE)
+    sc = make_scenario(layer.dims, LAYER_ID, tokens, fmt="fp8_ds_mla", seed=5, device=DEVICE)
     a, b = sc.clone_caches(), sc.clone_caches()
     want = nvidia_step(layer, a)
     traces = {s: torch.zeros(1 << 14, TRACE_FIELDS, dtype=torch.int64, device=DEVICE)
@@ -137,7 +138,8 @@ def test_gemm_trace_stamps_every_program(layer):
         stamped = int((t[:, 0] > 0).sum())
         assert stamped > 0 and bool((t[stamped:] == 0).all()), site
         t = t[:stamped]
-        assert bool((t[:, 0] <= t[:, 1]).all() and (t[:, 1] <= t[:, 2]).all()), site
+        assert bool((t[:, 0] <= t[:, 1]).all() and (t[:, 1] <= t[:, 4]).all()
+                    and (t[:, 4] <= t[:, 2]).all()), site
         assert bool((t[:, 3] >= 0).all() and (t[:, 3] < sms).all()), site
 
 

@@ -113,7 +113,7 @@ GEMV_MAX_STEPS = 1  # unrolled K steps of a whole-row tile
 # 32 KB tiles were faster than split K on the H200 (tp 4, M = 1: 29.5 against 30.3 to 31.0 us);
 # 16 KB tiles took Wqkv past one wave of programs.
 GEMV_TAIL_BYTES = 32768
-TRACE_FIELDS = 4  # a traced program's start, PDL wait over and end (ns), and its SM
+TRACE_FIELDS = 5  # a traced program's start, PDL wait over, end (ns), SM and K loop done (ns)
 _TRACE_FIELDS = tl.constexpr(TRACE_FIELDS)
 GEMV_WIDE_STEP = 8192  # weight bytes a K step above which a program runs 8 warps, not 4
 
@@ -572,6 +572,8 @@ def mx_gemm_kernel(
         if WEIGHTS_A:
             acc = tl.trans(acc)
 
+    if TRACE:
+        t_summed = globaltimer_tl(pid_n)
     out_ok = row_ok[:, None] & n_ok[None, :]
     last = True
     if SPLIT_K > 1:
@@ -591,13 +593,14 @@ def mx_gemm_kernel(
         _store_out_tl(acc, rows, row_ok, n0, out_ptr, out8_ptr, out8_codes_ptr, out_deq_ptr,
                       stride_om, stride_o8m, stride_o8cm, stride_odm, N, BLOCK_M, BLOCK_N,
                       QUANT_OUT, DEQ_OUT, HW_E4M3)  # fmt: skip
-    if TRACE:  # (start, PDL wait over, end: ns; SM) of this program
+    if TRACE:  # (start, PDL wait over, end: ns; SM; K loop done: ns) of this program
         prog = (pid_m * tl.num_programs(1) + pid_k) * tl.num_programs(0) + pid_n
         at = trace_ptr + prog.to(tl.int64) * _TRACE_FIELDS
         tl.store(at, t_start)
         tl.store(at + 1, t_waited)
         tl.store(at + 2, globaltimer_tl(pid_n))
         tl.store(at + 3, smid_tl(pid_n).to(tl.int64))
+        tl.store(at + 4, t_summed)
 
 
 @dataclasses.dataclass(frozen=True)
