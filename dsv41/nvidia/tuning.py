@@ -69,6 +69,8 @@ class Tuning:
                 loop += ", code words"
             if c.weights_a:
                 loop += ", weights the A operand"
+            if c.preload:
+                loop += ", one K step read before the wait"
             out.append((site, f"{loop} block {c.block_m}x{c.block_n}x{c.block_k} split_k "
                               f"{c.split_k} k_steps {c.k_steps} k_tail {c.k_tail} warps "
                               f"{c.num_warps} stages {c.num_stages}"))  # fmt: skip
