@@ -37,7 +37,9 @@ sums at all; ``profile_step.py --sweep`` times those). At one token a K past
 ``GEMV_BLOCK_K_MAX`` or no power of two takes whole rows as a power-of-two tile
 and a tail (``k_tail``), both loaded before the PDL wait. With ``a8_out`` the
 A_CAST prologue's MXFP8 form of ``a`` is stored too (by the first N tile's
-programs): wo_b casting z, so that wo_a needs no MXFP8 epilogue.
+programs): wo_b casting z, so that wo_a needs no MXFP8 epilogue. Up to ``PRELOAD_MAX_M``
+tokens where PDL is on, an MMA program takes one K step (``preload``), its weight tile read
+before the PDL wait, so the weights stream while the previous launch drains.
 """
 
 from __future__ import annotations
@@ -620,7 +622,7 @@ class GemmConfig:
     # MMA loop: the weights the A operand (acc [N, M], transposed at the end; an A/B choice)
     weights_a: bool = False
     # MMA loop of one K step a program (block_k * split_k = K): its weight tile read before the
-    # PDL wait, so all of its bytes are in flight at once (an A/B choice)
+    # PDL wait (the default up to PRELOAD_MAX_M tokens where the platform has PDL)
     preload: bool = False
 
     @property
