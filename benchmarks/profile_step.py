@@ -390,8 +390,9 @@ def l2_or_hbm(dims: Dims, tokens: list[int]) -> None:
     dev = torch.device("cuda")
     flag = torch.zeros(1, dtype=torch.int32, device=dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    print(f"an empty launch of {sms} programs: "
-          f"{graph_us(lambda: _empty_kernel[(sms,)](flag, -1)):.2f} us")  # fmt: skip
+    empty = graph_us(lambda: [_empty_kernel[(sms,)](flag, -1) for _ in range(COPIES)],
+                     calls=COPIES)  # fmt: skip
+    print(f"an empty launch of {sms} programs, {COPIES} back to back: {empty:.2f} us")
     for m in tokens:
         t = tuning_for(dims, dev, m)
         print(f"\nM = {m}: us a launch, the step's tiles (PDL off: back to back)")

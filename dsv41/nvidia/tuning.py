@@ -20,7 +20,15 @@ from dsv41.common.geometry import Dims
 from dsv41.common.platform import Platform, current_platform
 from dsv41.nvidia.ops.launch import bucket_for, sm_count
 from dsv41.nvidia.ops.mega_attention import AttentionTuning, attention_tuning
-from dsv41.nvidia.ops.mx_gemm import GEMV, GemmConfig, GemvRules, gemm_config
+from dsv41.nvidia.ops.mx_gemm import (
+    GEMV,
+    PRELOAD_BLOCK_K,
+    PRELOAD_MAX_M,
+    PRELOAD_PROGRAMS_PER_SM,
+    GemmConfig,
+    GemvRules,
+    gemm_config,
+)
 from dsv41.nvidia.ops.pdl import pdl_enabled
 
 GEMM_SITES = ("wqkv", "wq_b", "wo_a", "wo_b")
@@ -97,11 +105,12 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
     ``pdl`` None: on up to ``PDL_MAX_TOKENS`` tokens (off in the interpreter)."""
     bucket = bucket_for(tokens)
     shapes = gemm_shapes(dims)
+    preload = _preload(dims, bucket, sms, rules)
 
     def config(site: str, quant_out: bool) -> GemmConfig:
         n, k, npg, _ = shapes[site]
         return gemm_config(bucket, n, k, n_per_group=npg or n, quant_out=quant_out, sms=sms,
-                           rules=rules)  # fmt: skip
+                           rules=rules, preload=preload)  # fmt: skip
 
     wo_a_whole = config("wo_a", quant_out=False)
     wo_b = config("wo_b", quant_out=False)
@@ -112,7 +121,8 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
     return Tuning(
         bucket=bucket,
         sms=sms,
-        pdl=pdl_enabled(bucket) if pdl is None else pdl and current_platform().pdl,
+        pdl=(pdl_enabled(bucket, bucket <= rules.max_m or preload > 0) if pdl is None
+             else pdl and current_platform().pdl),
         norm_in_wq_b=wq_b.gemv,
         z_cast_in_wo_b=z_cast,
         wqkv=config("wqkv", quant_out=False),
@@ -121,6 +131,19 @@ def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
         wo_b=wo_b,
         attention=attention_tuning(bucket, dims.heads, dims.model.keys, sms),
     )
+
+
+def _preload(dims: Dims, bucket: int, sms: int, rules: GemvRules) -> int:
+    """``PRELOAD_BLOCK_K`` where a step of ``bucket`` tokens runs the MMA loop with PDL and each
+    GEMM's one-K-step grid fits ``PRELOAD_PROGRAMS_PER_SM`` programs a SM; else 0."""
+    if not (rules.max_m < bucket <= PRELOAD_MAX_M and pdl_enabled(bucket)):
+        return 0
+    for n, k, npg, quant in gemm_shapes(dims).values():
+        c = gemm_config(bucket, n, k, n_per_group=npg or n, quant_out=quant, sms=sms,
+                        gemv_ok=False, preload=PRELOAD_BLOCK_K)  # fmt: skip
+        if -(-n // c.block_n) * c.split_k > PRELOAD_PROGRAMS_PER_SM * sms:
+            return 0
+    return PRELOAD_BLOCK_K
 
 
 def preload_changes(dims: Dims, tokens: int, columns: int) -> dict[str, object]:

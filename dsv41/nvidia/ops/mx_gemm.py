@@ -37,9 +37,10 @@ sums at all; ``profile_step.py --sweep`` times those). At one token a K past
 ``GEMV_BLOCK_K_MAX`` or no power of two takes whole rows as a power-of-two tile
 and a tail (``k_tail``), both loaded before the PDL wait. With ``a8_out`` the
 A_CAST prologue's MXFP8 form of ``a`` is stored too (by the first N tile's
-programs): wo_b casting z, so that wo_a needs no MXFP8 epilogue. Up to ``PRELOAD_MAX_M``
-tokens where PDL is on, an MMA program takes one K step (``preload``), its weight tile read
-before the PDL wait, so the weights stream while the previous launch drains.
+programs): wo_b casting z, so that wo_a needs no MXFP8 epilogue. In steps of up to
+``PRELOAD_MAX_M`` tokens where PDL is on and the grids fit one wave, an MMA program takes one
+K step (``preload``), its weight tile read before the PDL wait, so the weights stream while
+the previous launch drains.
 """
 
 from __future__ import annotations
@@ -79,12 +80,15 @@ A_DEQ = tl.constexpr(4)  # a is bf16 MXFP8 values, dequantized by their producer
 _MX = tl.constexpr(MX_BLOCK)  # 32
 O_CHUNK = 32  # head dims per fused O chunk (one MX block)
 _O_CHUNK = tl.constexpr(O_CHUNK)
-# Where PDL is on (NVIDIA), buckets up to PRELOAD_MAX_M take the MMA loop of one K step of at most
+# Where PDL is on (NVIDIA), a step of up to PRELOAD_MAX_M tokens whose every GEMM fits one wave of
+# at most PRELOAD_PROGRAMS_PER_SM programs a SM takes the MMA loop of one K step of at most
 # PRELOAD_BLOCK_K columns a program, its weight tile read before the PDL wait, so the weights
-# stream while the previous launch drains (H100, tp 4, PDL on to 8 tokens: M = 4 49.4 against
-# 59.6 us, M = 8 61.7 against 65.5; at M = 16 74.3 against 72.5, and without PDL no gain).
+# stream while the previous launch drains (H100, PDL on to 8 tokens, tp 4 (<= 640 programs):
+# M = 4 3.57x / 3.62x the floor against 4.31x / 4.33x, M = 8 4.30x / 4.31x against 4.56x /
+# 4.62x; tp 2 (1,280 programs): 3.32x / 3.69x against 3.11x / 3.28x; at M = 16 no gain).
 PRELOAD_MAX_M = 8
 PRELOAD_BLOCK_K = 256
+PRELOAD_PROGRAMS_PER_SM = 5
 PROGRAMS_PER_SM = 1.5  # a weight stream needs loads in flight on every SM (H200 sweep: 1.5-2 best)
 BLOCK_K_MAX = 256  # K columns a step loads: 16 KB of a 64-row weight tile
 # The A_O prologue holds a gathered o tile and its RoPE operands: 128 columns keep it in
@@ -622,7 +626,7 @@ class GemmConfig:
     # MMA loop: the weights the A operand (acc [N, M], transposed at the end; an A/B choice)
     weights_a: bool = False
     # MMA loop of one K step a program (block_k * split_k = K): its weight tile read before the
-    # PDL wait (the default up to PRELOAD_MAX_M tokens where the platform has PDL)
+    # PDL wait (the step's choice up to PRELOAD_MAX_M tokens where the platform has PDL)
     preload: bool = False
 
     @property
@@ -719,19 +723,17 @@ def gemv_config(
 def gemm_config(
     m: int, n: int, k: int, *, n_per_group: int, quant_out: bool, sms: int,
     block_k_max: int = BLOCK_K_MAX, gemv_ok: bool = True, rules: GemvRules = GEMV,
-    preload: int | None = None,
+    preload: int = 0,
 ) -> GemmConfig:  # fmt: skip
     """Tiles for a weight stream: enough (N tile, K split) programs for ``PROGRAMS_PER_SM`` a SM.
 
     Token buckets up to ``rules.max_m`` take the CUDA-core loop where ``gemv_ok``. A
     function of ``bucket_for(m)``, not m, so warming a bucket compiles every variant it serves;
     on ROCm K steps are at most ``ROCM_BLOCK_K_MAX``. ``preload`` > 0: the MMA loop of one K
-    step a program of at most ``preload`` columns, read before the PDL wait (None:
-    ``PRELOAD_BLOCK_K`` up to ``PRELOAD_MAX_M`` tokens where the platform has PDL; 0: never).
+    step a program of at most ``preload`` columns, read before the PDL wait (a step's choice:
+    ``tuning.resolve``).
     """
     m = bucket_for(m)
-    if preload is None:
-        preload = PRELOAD_BLOCK_K if m <= PRELOAD_MAX_M and current_platform().pdl else 0
     if gemv_ok and m <= rules.max_m:
         return gemv_config(m, n_per_group, k, quant_out=quant_out, rules=rules)
     block_m = block_m_for(m)
@@ -1004,7 +1006,9 @@ def mx_gemm(
     else:
         part = tickets = out
     o8v, o8c = out8 if quant else a8_out if a8_out is not None else (out, out)
-    pdl = pdl_enabled(m) if pdl is None else pdl and current_platform().pdl
+    if pdl is None:
+        pdl = pdl_enabled(m, cfg.gemv or cfg.preload)
+    pdl = pdl and current_platform().pdl
     mx_gemm_kernel[grid](
         a_val,
         a_codes,

@@ -11,8 +11,9 @@ synchronises before its next step).
 On by default for steps of up to ``PDL_MAX_TOKENS`` tokens (``DSV41_PDL`` = 1 / 0
 forces it on / off at every M), where every GEMM reads its weights before the wait: the
 CUDA-core loop (``mx_gemm.GEMV_MAX_M``; tp 4, M = 2: 41.6 against 56.4 us on the H200) and
-the MMA loop of one K step a program (``mx_gemm.PRELOAD_MAX_M``; H100, tp 4, M = 4: 49.4
-against 59.6). With the pipelined MMA loop, which reads after the wait, it cost 1 to 9 us.
+the MMA loop of one K step a program (``mx_gemm.PRELOAD_MAX_M``, where its grids fit one wave;
+H100, tp 4, M = 4: 3.57x the floor against 4.31x). With the pipelined MMA loop, which reads
+after the wait, it cost 1 to 9 us, so there it stays off.
 Each kernel releases its dependents at its start (a later release measured slower).
 """
 
@@ -28,14 +29,15 @@ from dsv41.common.platform import current_platform
 PDL_MAX_TOKENS = 8
 
 
-def pdl_enabled(tokens: int) -> bool:
+def pdl_enabled(tokens: int, weights_first: bool = True) -> bool:
     """Whether a launch for ``tokens`` tokens uses PDL: ``DSV41_PDL`` when set (1 or 0), else
-    ``tokens <= PDL_MAX_TOKENS``; only where the platform has it (NVIDIA SM90+, compiled: no
-    grid dependency control on ROCm or under the interpreter)."""
+    ``tokens <= PDL_MAX_TOKENS`` where ``weights_first`` (the GEMMs read their weights before
+    the wait); only where the platform has it (NVIDIA SM90+, compiled: no grid dependency
+    control on ROCm or under the interpreter)."""
     forced = switches.pdl()
     if not current_platform().pdl:
         return False
-    return tokens <= PDL_MAX_TOKENS if forced is None else forced
+    return tokens <= PDL_MAX_TOKENS and weights_first if forced is None else forced
 
 
 def pdl_launch_options(on: bool) -> dict:
