@@ -102,7 +102,8 @@ class Tuning:
 def resolve(dims: Dims, sms: int, tokens: int, *, rules: GemvRules = GEMV,
             pdl: bool | None = None) -> Tuning:  # fmt: skip
     """The tuning of a step of ``tokens`` tokens (its bucket's) at ``dims`` on ``sms`` SMs;
-    ``pdl`` None: on up to ``PDL_MAX_TOKENS`` tokens (off in the interpreter)."""
+    ``pdl`` None: on up to ``PDL_MAX_TOKENS`` tokens where every GEMM reads its weights before
+    the wait (off in the interpreter)."""
     bucket = bucket_for(tokens)
     shapes = gemm_shapes(dims)
     preload = _preload(dims, bucket, sms, rules)

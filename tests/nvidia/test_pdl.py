@@ -13,7 +13,7 @@ from dsv41.nvidia.ops.mx_gemm import (
     gemm_config,
 )
 from dsv41.nvidia.ops.pdl import PDL_MAX_TOKENS, pdl_enabled, pdl_launch_options
-from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, resolve
+from dsv41.nvidia.tuning import GEMM_SITES, gemm_shapes, preload_changes, resolve
 
 
 def test_pdl_by_tokens_and_switch(monkeypatch) -> None:
@@ -56,9 +56,12 @@ def test_mma_steps_take_pdl_where_every_grid_fits_one_wave(monkeypatch, tp) -> N
         fits = max(programs) <= PRELOAD_PROGRAMS_PER_SM * 132
         assert fits == (tp == 4), programs
         assert t.pdl == fits and all(c.preload == fits and not c.gemv for c in cfgs), t
-        if fits:
+        if fits:  # the A/B helper's fields are the default's
             assert all(c.block_k <= PRELOAD_BLOCK_K and c.block_k * c.split_k == k
                        for c, (_, k, *_) in zip(cfgs, gemm_shapes(dims).values()))  # fmt: skip
+            fields = preload_changes(dims, PRELOAD_MAX_M, PRELOAD_BLOCK_K)
+            assert fields == {name: getattr(getattr(t, name.split(".")[0]), name.split(".")[1])
+                              for name in fields}  # fmt: skip
         late = resolve(dims, 132, 2 * PRELOAD_MAX_M)
         assert not late.pdl and not any(getattr(late, s).preload for s in GEMM_SITES)
         monkeypatch.setenv("DSV41_PDL", "1")
